@@ -1,0 +1,174 @@
+"""The decoder forward pass: stateless functions of (params, config, token ids, cache) -> logits.
+
+Shape letters:
+    T  new tokens in this forward         S  tokens in the cache after it (offset + T)
+    D  hidden size                        V  vocabulary size
+    H  query heads      KV  key/value heads      G  H // KV (query heads per KV head)
+    d  head_dim         F  MLP intermediate size
+
+Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up are fused at load
+(weights.py). One function serves every family: the differences are the fields of `cfg.family`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .attention import attend, causal_mask
+from .cache import KVCache, make_cache
+from .config import Config, load_config
+from .errors import MinigenError
+from .layers import activation, apply_rope, layer_norm, rms_norm, rope_frequencies, rope_tables
+from .tokenizer import Tokenizer
+from .weights import load_params
+
+
+# --- the forward pass ------------------------------------------------------------------------------
+
+def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache],
+            last_only: bool = False, record: list | None = None) -> np.ndarray:
+    """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
+    (H, T, S) to `record` when it is a list; the cache advances by T."""
+    T, offset = len(ids), cache[0].offset
+    positions = np.arange(offset, offset + T)
+    x = embed(params, cfg, ids, positions)                                   # (T, D)
+    rope = rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
+    masks = {kind: _mask(cfg, T, offset, kind) for kind in set(cfg.layer_types or ["full_attention"])}
+    for i, (p, layer_cache) in enumerate(zip(params["layers"], cache)):
+        mask = masks[cfg.layer_types[i] if cfg.layer_types else "full_attention"]
+        x = x + attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, layer_cache, rope, mask, record)
+        x = x + mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
+    if last_only:
+        x = x[-1:]                                                           # (1, D)
+    x = norm(x, params, cfg, "final_norm")
+    return x @ params["lm_head"].T                                           # (T, V)
+
+
+def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    x = params["embed"][ids]                                                 # (T, D), a copy
+    if cfg.family.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
+        x = x * np.float32(cfg.hidden_size ** 0.5)
+    if cfg.family.positions == "learned":
+        x = x + params["pos_embed"][positions]
+    return x
+
+
+def norm(x: np.ndarray, p: dict, cfg: Config, name: str) -> np.ndarray:
+    if cfg.family.norm == "layer":
+        return layer_norm(x, p[name], p[name + "_b"], cfg.norm_eps)
+    return rms_norm(x, p[name], cfg.norm_eps, cfg.family.norm_offset)
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Project x (T, D) to q (H, T, d), k and v (KV, T, d), with RoPE applied to q and k."""
+    T, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (T, (H + 2 KV) d)
+    q = qkv[:, :H * d].reshape(T, H, d).transpose(1, 0, 2)                   # (H, T, d)
+    k = qkv[:, H * d:(H + KV) * d].reshape(T, KV, d).transpose(1, 0, 2)      # (KV, T, d)
+    v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return q, k, v
+
+
+def attention_block(x: np.ndarray, p: dict, cfg: Config, cache: KVCache, rope, mask,
+                    record: list | None) -> np.ndarray:
+    T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
+    q, k, v = qkv_heads(x, p, cfg, rope)
+    k, v = cache.update_and_fetch(k, v)                                      # (KV, S, d)
+    # GQA by reshape: the G query heads of a KV head become G*T rows against that one K and V.
+    q = q.reshape(KV, G * T, d)                                              # (KV, G T, d)
+    out, weights = attend(q, k, v, None if mask is None else np.tile(mask, (G, 1)))
+    if record is not None:
+        record.append(weights.reshape(H, T, -1))                            # (H, T, S)
+    out = out.reshape(H, T, d).transpose(1, 0, 2).reshape(T, H * d)          # (T, H d)
+    return linear(out, p["wo"], p.get("bo"))
+
+
+def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    act = activation(cfg.act)
+    if cfg.family.mlp == "plain":
+        return linear(act(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
+    gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (T, 2F)
+    F = gate_up.shape[-1] // 2
+    return linear(act(gate_up[:, :F]) * gate_up[:, F:], p["w_down"], p.get("b_down"))
+
+
+def _mask(cfg: Config, T: int, offset: int, kind: str) -> np.ndarray | None:
+    window = cfg.sliding_window if kind == "sliding_attention" else None
+    if T == 1 and (window is None or offset < window):
+        return None  # one new token sees every cached key: nothing to mask
+    return causal_mask(T, offset, window)
+
+
+# --- the loaded model --------------------------------------------------------------------------------
+
+class Model:
+    """A checkpoint in memory: config, float32 params, tokenizer. Holds no generation state."""
+
+    def __init__(self, config: Config, params: dict, tokenizer: Tokenizer, generation_config: dict, path: Path):
+        self.config, self.params, self.tokenizer = config, params, tokenizer
+        self.generation_config, self.path = generation_config, path
+
+    def make_cache(self, capacity: int = 256) -> list[KVCache]:
+        c = self.config
+        return make_cache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+
+    def forward(self, ids, cache: list[KVCache], last_only: bool = False, record: list | None = None) -> np.ndarray:
+        ids = self._check_ids(ids)
+        return forward(self.params, self.config, ids, cache, last_only, record)
+
+    def logits(self, ids) -> np.ndarray:
+        """Uncached forward over all ids: float32 (len(ids), vocab_size)."""
+        return self.forward(ids, self.make_cache(max(len(ids), 1)))
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or len(ids) == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise MinigenError("token ids must be a non-empty 1-D sequence of integers")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise MinigenError(f"token id {int(ids.max() if ids.max() >= self.config.vocab_size else ids.min())} "
+                               f"is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        return ids
+
+    @property
+    def n_params(self) -> int:
+        seen, total = set(), 0
+        for a in [v for k, v in self.params.items() if k not in ("layers", "inv_freq")] + \
+                 [v for layer in self.params["layers"] for v in layer.values()]:
+            if id(a) not in seen:
+                seen.add(id(a))
+                total += a.size
+        return total
+
+
+def load(path: str | Path) -> Model:
+    """Load a Hugging Face checkpoint directory: config, weights (float32), tokenizer, generation config."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MinigenError(f"{path}: no such checkpoint directory")
+    cfg = load_config(path)
+    params = load_params(path, cfg)
+    params["inv_freq"] = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    activation(cfg.act)  # fail at load, not mid-forward, on an unknown activation
+    return Model(cfg, params, Tokenizer.from_dir(path), _generation_config(path), path)
+
+
+def _generation_config(path: Path) -> dict:
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MinigenError(f"{file}: not valid JSON ({str(e).splitlines()[0]})")
+    if not isinstance(data, dict):
+        raise MinigenError(f"{file}: expected a JSON object")
+    return data
