@@ -1,0 +1,123 @@
+"""Logits -> next token: a small pipeline of pure functions.
+
+Shapes: every function takes one row, `(V,)` float32, V = vocabulary size.
+
+The order follows Hugging Face's `generate` (the defaults come from its generation_config.json):
+logits processors (repetition penalty) act on raw logits; then log-softmax; then temperature, and the
+filters top-k, top-p, min-p on the tempered log-probabilities; then one draw. Temperature 0 is greedy
+(argmax), and then the filters do not matter. A filtered-out token gets -inf, never a finite "small"
+number, so it can never be drawn.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+Sampler = Callable[[np.ndarray, np.random.Generator], int]
+Processor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32, copy=False)
+    shifted = x - np.max(x)
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
+def top_k(logprobs: np.ndarray, k: int) -> np.ndarray:
+    """Keep the k most likely tokens (ties at the k-th value are kept too, as HF does)."""
+    if k <= 0 or k >= logprobs.shape[-1]:
+        return logprobs
+    kth = np.partition(logprobs, -k)[-k]
+    return np.where(logprobs >= kth, logprobs, -np.inf)
+
+
+def top_p(logprobs: np.ndarray, p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose probabilities add up to at least p."""
+    if p >= 1.0:
+        return logprobs
+    order = np.argsort(-logprobs, kind="stable")
+    probs = np.exp(logprobs[order] - np.max(logprobs))
+    cum = np.cumsum(probs / probs.sum())
+    n_keep = int(np.searchsorted(cum, p, side="left")) + 1  # first index where the sum reaches p
+    out = np.full_like(logprobs, -np.inf)
+    keep = order[:n_keep]
+    out[keep] = logprobs[keep]
+    return out
+
+
+def min_p(logprobs: np.ndarray, p: float) -> np.ndarray:
+    """Keep tokens at least p times as likely as the most likely one."""
+    if p <= 0.0:
+        return logprobs
+    threshold = np.max(logprobs) + np.log(p)
+    return np.where(logprobs >= threshold, logprobs, -np.inf)
+
+
+def categorical(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from the (unnormalised) distribution exp(logprobs), by inverting the CDF."""
+    probs = np.exp(logprobs.astype(np.float64) - np.max(logprobs))
+    cum = np.cumsum(probs)
+    return int(min(np.searchsorted(cum, rng.random() * cum[-1], side="right"), len(cum) - 1))
+
+
+def make_sampler(temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Sampler:
+    """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters."""
+    if temp < 0:
+        raise ValueError(f"temperature must be >= 0, got {temp}")
+    if temp == 0:
+        return lambda logprobs, rng: int(np.argmax(logprobs))
+    k, p, mp = top_k, top_p, min_p  # the names above are shadowed by the arguments
+
+    def sample(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+        lp = log_softmax(logprobs / np.float32(temp))
+        lp = _filters(lp, k, p, mp)
+        return categorical(lp, rng)
+
+    return sample
+
+
+def _filters(lp: np.ndarray, k: int, p: float, mp: float) -> np.ndarray:
+    return min_p(top_p(top_k(lp, k), p), mp)
+
+
+def repetition_penalty(logits: np.ndarray, tokens: Sequence[int], penalty: float) -> np.ndarray:
+    """HF's RepetitionPenaltyLogitsProcessor: each token seen gets logit * penalty if < 0, else / penalty."""
+    if penalty == 1.0 or len(tokens) == 0:
+        return logits
+    seen = np.unique(np.asarray(tokens, dtype=np.int64))
+    out = logits.copy()
+    score = out[seen]
+    out[seen] = np.where(score < 0, score * penalty, score / penalty)
+    return out
+
+
+def make_repetition_penalty(penalty: float, last_n: int = 64) -> Processor | None:
+    """A processor (logits, tokens so far) -> logits over the last `last_n` tokens (0: all of them)."""
+    if penalty <= 0:
+        raise ValueError(f"repetition penalty must be > 0, got {penalty}")
+    if penalty == 1.0:
+        return None
+
+    def process(logits: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        window = tokens[-last_n:] if last_n > 0 else tokens
+        return repetition_penalty(logits, window, penalty)
+
+    return process
+
+
+def sampling_settings(generation_config: dict, **flags) -> dict:
+    """Sampling options: the flags given (not None) override generation_config.json, which overrides off.
+
+    HF semantics: without do_sample the checkpoint's default is greedy, whatever temperature it lists.
+    """
+    gc = generation_config or {}
+    sampling = bool(gc.get("do_sample", False))
+    defaults = {
+        "temp": float(gc.get("temperature") or 1.0) if sampling else 0.0,
+        "top_k": int(gc.get("top_k") or 0) if sampling else 0,
+        "top_p": float(gc.get("top_p") or 1.0) if sampling else 1.0,
+        "min_p": float(gc.get("min_p") or 0.0) if sampling else 0.0,
+        "repeat_penalty": float(gc.get("repetition_penalty") or 1.0),
+    }
+    return {**defaults, **{k: v for k, v in flags.items() if v is not None and k in defaults}}

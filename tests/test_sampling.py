@@ -1,0 +1,115 @@
+"""Sampling on hand-built distributions."""
+import numpy as np
+import pytest
+
+from minigen.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler, min_p,
+                              repetition_penalty, sampling_settings, top_k, top_p)
+
+PROBS = np.array([0.05, 0.4, 0.1, 0.25, 0.2], dtype=np.float32)  # sorted: 1, 3, 4, 2, 0
+LP = np.log(PROBS)
+
+
+def kept(lp):
+    return set(np.flatnonzero(np.isfinite(lp)).tolist())
+
+
+def test_log_softmax_normalises():
+    lp = log_softmax(np.array([1.0, 2.0, 3.0, 1000.0], dtype=np.float32))
+    assert np.isclose(np.exp(lp).sum(), 1.0) and lp.dtype == np.float32 and np.all(np.isfinite(lp))
+
+
+@pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 3, 4}), (0, {0, 1, 2, 3, 4}),
+                                         (9, {0, 1, 2, 3, 4})])
+def test_top_k_keeps_k(k, expected):
+    assert kept(top_k(LP, k)) == expected
+
+
+def test_top_k_keeps_ties_like_hf():
+    assert kept(top_k(np.log(np.array([0.3, 0.3, 0.3, 0.1])), 2)) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("p, expected", [(0.3, {1}), (0.4, {1}), (0.41, {1, 3}), (0.64, {1, 3}),
+                                         (0.66, {1, 3, 4}), (0.9, {1, 3, 4, 2}), (0.96, {0, 1, 2, 3, 4}),
+                                         (1.0, {0, 1, 2, 3, 4})])
+def test_top_p_smallest_set_reaching_p(p, expected):
+    assert kept(top_p(LP, p)) == expected
+
+
+@pytest.mark.parametrize("p, expected", [(0.49, {1, 3, 4}), (0.6, {1, 3}), (0.2, {1, 2, 3, 4}), (1.0, {1}),
+                                         (0.0, {0, 1, 2, 3, 4})])
+def test_min_p_relative_to_max(p, expected):
+    assert kept(min_p(LP, p)) == expected  # 0.4 * 0.49 < 0.2 keeps 0.2; 0.4 * 0.2 = 0.08 drops 0.05
+
+
+def test_filters_keep_values_of_kept_tokens():
+    out = top_p(top_k(LP, 3), 0.5)
+    assert np.array_equal(out[[1, 3]], LP[[1, 3]])
+
+
+def test_repetition_penalty_like_hf():
+    logits = np.array([2.0, -2.0, 1.0, -1.0, 0.0], dtype=np.float32)
+    out = repetition_penalty(logits, [0, 1, 1, 4], 2.0)
+    # HF: score < 0 -> score * penalty, else score / penalty; each token once however often it appeared
+    assert np.array_equal(out, np.array([1.0, -4.0, 1.0, -1.0, 0.0], dtype=np.float32))
+    assert np.array_equal(logits, [2.0, -2.0, 1.0, -1.0, 0.0])  # input untouched
+
+
+def test_repetition_penalty_window():
+    logits = np.zeros(5, dtype=np.float32) + 1
+    proc = make_repetition_penalty(2.0, last_n=2)
+    assert np.array_equal(proc(logits, [0, 1, 2, 3]), [1, 1, 0.5, 0.5, 1])
+    assert np.array_equal(make_repetition_penalty(2.0, last_n=0)(logits, [0, 1]), [0.5, 0.5, 1, 1, 1])
+    assert make_repetition_penalty(1.0) is None
+
+
+def test_greedy_is_argmax():
+    sampler = make_sampler(0.0, top_k=1, top_p=0.1)
+    rng = np.random.default_rng(0)
+    assert all(sampler(LP, rng) == 1 for _ in range(5))
+
+
+def test_temperature_one_follows_softmax():
+    """Chi-square goodness of fit: 20000 draws over 5 outcomes, critical value 18.47 at p = 0.001 (4 dof)."""
+    sampler, rng, n = make_sampler(1.0), np.random.default_rng(0), 20000
+    counts = np.bincount([sampler(LP + 3.0, rng) for _ in range(n)], minlength=5)  # unnormalised on purpose
+    expected = PROBS / PROBS.sum() * n
+    assert ((counts - expected) ** 2 / expected).sum() < 18.47
+
+
+def test_low_temperature_sharpens_and_filters_apply():
+    rng = np.random.default_rng(0)
+    draws = [make_sampler(1.0, top_k=2)(LP, rng) for _ in range(300)]
+    assert set(draws) == {1, 3}
+    draws = [make_sampler(0.05)(LP, rng) for _ in range(100)]
+    assert draws.count(1) > 95
+
+
+def test_categorical_never_draws_filtered_tokens():
+    lp = np.array([-np.inf, 0.0, -np.inf, -np.inf], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    assert {categorical(lp, rng) for _ in range(50)} == {1}
+
+
+def test_seed_reproducible():
+    sampler = make_sampler(0.9, top_p=0.95, min_p=0.01)
+    a = [sampler(LP, np.random.default_rng(42)) for _ in range(1)]
+    r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
+    assert [sampler(LP, r1) for _ in range(50)] == [sampler(LP, r2) for _ in range(50)]
+    assert a == [sampler(LP, np.random.default_rng(42))]
+
+
+def test_bad_values():
+    with pytest.raises(ValueError):
+        make_sampler(-1.0)
+    with pytest.raises(ValueError):
+        make_repetition_penalty(0.0)
+
+
+def test_settings_from_generation_config():
+    assert sampling_settings({})["temp"] == 0.0  # no do_sample: greedy, as in HF
+    gc = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
+    s = sampling_settings(gc)
+    assert (s["temp"], s["top_p"], s["top_k"], s["min_p"], s["repeat_penalty"]) == (0.6, 0.9, 0, 0.0, 1.1)
+    s = sampling_settings(gc, temp=0.0, top_k=5, top_p=None)
+    assert (s["temp"], s["top_k"], s["top_p"]) == (0.0, 5, 0.9)
+    assert sampling_settings({"temperature": 0.6})["temp"] == 0.0
