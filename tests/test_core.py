@@ -1,0 +1,143 @@
+"""Invariants of the engine's parts: RoPE layout, masks, the cache, numerical stability, loading."""
+import numpy as np
+import pytest
+
+import minigen
+from minigen.attention import NEG, attend, causal_mask, softmax
+from minigen.cache import KVCache
+from minigen.layers import apply_rope, rope_frequencies, rope_tables
+from minigen.weights import read_tensor, index_checkpoint
+
+import tiny_checkpoint
+
+
+def test_rope_pairs_dimension_i_with_i_plus_half():
+    # HF's rotate_half layout: the unit vector e_0 at position p rotates into dims 0 and d/2.
+    # Under the interleaved (2i, 2i+1) layout it would rotate into dims 0 and 1, and this fails.
+    d, p = 8, 3
+    inv_freq = rope_frequencies(d, 10000.0, None)
+    cos, sin = rope_tables(inv_freq, np.array([p]))
+    x = np.zeros((1, d), np.float32)
+    x[0, 0] = 1.0
+    y = apply_rope(x, cos, sin)[0]
+    expected = np.zeros(d)
+    expected[0], expected[d // 2] = np.cos(p * inv_freq[0]), np.sin(p * inv_freq[0])
+    np.testing.assert_allclose(y, expected, atol=1e-6)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 1, 16)).astype(np.float32)
+    inv_freq = rope_frequencies(16, 10000.0, None)
+    def score(m, n):
+        return (apply_rope(q, *rope_tables(inv_freq, np.array([m]))) @ apply_rope(k, *rope_tables(inv_freq, np.array([n]))).T).item()
+    assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-4)
+
+
+def test_rope_frequencies_linear_and_llama3():
+    base = rope_frequencies(64, 500000.0, None)
+    np.testing.assert_allclose(rope_frequencies(64, 500000.0, {"rope_type": "linear", "factor": 4.0}), base / 4)
+    s = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192.0}
+    scaled = rope_frequencies(64, 500000.0, s)
+    wavelen = 2 * np.pi / base
+    np.testing.assert_allclose(scaled[wavelen < 8192 / 4], base[wavelen < 8192 / 4])      # high freq kept
+    np.testing.assert_allclose(scaled[wavelen > 8192], base[wavelen > 8192] / 8, rtol=1e-6)  # low freq / factor
+    mid = (wavelen >= 8192 / 4) & (wavelen <= 8192)
+    assert mid.any() and np.all(scaled[mid] < base[mid]) and np.all(scaled[mid] > base[mid] / 8)
+
+
+def test_causal_mask_with_offset_and_window():
+    m = causal_mask(2, 3)
+    np.testing.assert_array_equal(m, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    w = causal_mask(5, 0, window=2)
+    np.testing.assert_array_equal(w.sum(1), [1, 2, 2, 2, 2])
+    assert w[4, 3] and w[4, 4] and not w[4, 2]
+
+
+def test_extreme_scores_give_finite_probabilities():
+    q = np.array([[100.0, 0.0], [-100.0, 0.0]], np.float32)
+    k = np.array([[100.0, 0.0], [-100.0, 0.0], [0.0, 100.0]], np.float32)  # scores of +-1e4
+    out, w = attend(q, k, k, causal_mask(2, 1))
+    assert np.isfinite(w).all() and np.isfinite(out).all()
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
+    assert w[0, 2] == 0.0 and w[0, 0] == pytest.approx(1.0)
+    p = softmax(np.array([1e4, -1e4, 0.0], np.float32))
+    assert np.isfinite(p).all() and p[0] == 1.0
+    assert np.isfinite(softmax(np.array([NEG, NEG], np.float32))).all()
+
+
+def test_cache_grows_geometrically_and_keeps_rows():
+    c = KVCache(n_kv=2, head_dim=3, capacity=2)
+    rows = [np.full((2, 1, 3), i, np.float32) for i in range(5)]
+    capacities = []
+    for r in rows:
+        k, v = c.update_and_fetch(r, -r)
+        capacities.append(c.capacity)
+    assert capacities == [2, 2, 4, 4, 8]
+    assert k.shape == (2, 5, 3) and c.offset == 5
+    np.testing.assert_array_equal(k[0, :, 0], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(v[1, :, 2], [0, -1, -2, -3, -4])
+    assert np.shares_memory(k, c.keys)  # a view, not a copy
+
+
+def test_cached_decode_equals_uncached(tmp_path):
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))
+    ids = np.random.default_rng(1).integers(0, 64, 40)
+    full = model.logits(ids)
+    cache = model.make_cache(capacity=4)  # small, so decoding also exercises growth
+    steps = [model.forward(ids[:30], cache)] + [model.forward(ids[i:i + 1], cache) for i in range(30, 40)]
+    np.testing.assert_allclose(np.concatenate(steps), full, atol=1e-5)
+    cache = model.make_cache()
+    model.forward(ids[:-1], cache)
+    np.testing.assert_allclose(model.forward(ids[-1:], cache, last_only=True), full[-1:], atol=1e-5)
+
+
+def test_record_attention_shapes_and_rows(tmp_path):
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))
+    record = []
+    model.forward(np.arange(10), model.make_cache(), record=record)
+    assert len(record) == 2 and record[0].shape == (4, 10, 10)
+    np.testing.assert_allclose(record[0].sum(-1), 1.0, rtol=1e-5)
+    assert np.all(np.triu(record[1], 1) == 0)
+
+
+def test_float32_tensors_are_memory_mapped(tmp_path):
+    path = tiny_checkpoint.write(tmp_path / "ckpt")
+    ref = index_checkpoint(path)["model.norm.weight"]
+    a = read_tensor(ref)
+    assert not a.flags.writeable and not a.flags.owndata  # a view on the file's mapping
+
+
+def test_tied_and_untied_lm_head(tmp_path):
+    weights = tiny_checkpoint.tensors()
+    tied = minigen.load(tiny_checkpoint.write(tmp_path / "tied", weights=weights))
+    assert tied.params["lm_head"] is tied.params["embed"]
+    head = np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32)
+    both = minigen.load(tiny_checkpoint.write(tmp_path / "both", weights={**weights, "lm_head.weight": head}))
+    np.testing.assert_array_equal(both.params["lm_head"], head)  # both present: lm_head.weight wins
+    ids = np.arange(5)
+    assert not np.allclose(both.logits(ids), tied.logits(ids))
+
+
+def test_bfloat16_and_float16_are_widened(tmp_path):
+    import json
+    weights = tiny_checkpoint.tensors()
+    path = tiny_checkpoint.write(tmp_path / "f16", weights={k: v.astype(np.float16) for k, v in weights.items()})
+    m16 = minigen.load(path)
+    np.testing.assert_array_equal(m16.params["embed"], weights["model.embed_tokens.weight"].astype(np.float16).astype(np.float32))
+    # bfloat16: write the top 16 bits by hand (numpy has no bfloat16), check they widen back exactly
+    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in weights.items()}
+    path = tiny_checkpoint.write(tmp_path / "bf16", weights=weights)
+    header = {k: {"dtype": "BF16", "shape": list(v.shape)} for k, v in bits.items()}
+    offset, blobs = 0, []
+    for k, v in bits.items():
+        header[k]["data_offsets"] = [offset, offset + v.nbytes]
+        offset += v.nbytes
+        blobs.append(v.tobytes())
+    h = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+    mbf = minigen.load(path)
+    expected = (bits["model.embed_tokens.weight"].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(mbf.params["embed"], expected)
+    assert np.abs(mbf.params["embed"] - weights["model.embed_tokens.weight"]).max() < 0.01
