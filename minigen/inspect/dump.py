@@ -1,0 +1,233 @@
+"""Attention dumps: one .npz per run, readable with numpy.load alone.
+
+`attention_{l}` float32 (or float16) (n_heads_kept, T, T) per kept layer: rows are queries, columns keys,
+the masked upper triangle exactly 0. The prompt's rows come from the prefill, each generated token's row
+from its cached decode step; the last generated token is never fed back, so it has no row. Plus
+`token_ids` (T,), `prompt_length`, and `meta` (a JSON string). The file is written to a temporary name
+beside the target and renamed, so an interrupted run leaves nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MinigenError
+
+BUDGET = 2**30  # bytes: dumps above this are refused before running
+NOTE = ("rows are queries, columns keys; prompt rows from the prefill, each generated token's row from its "
+        "cached decode step; the final generated token is never fed back, so it has no row")
+
+
+def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]:
+    """'0,5-7' -> [0, 5, 6, 7]; None or 'all' -> everything. Negative indices count from the end."""
+    if text is None or text.strip() in ("", "all"):
+        return list(range(n))
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?", part)
+        if not m:
+            raise MinigenError(f"{flag} {text!r}: expected numbers and ranges like 0,5-7")
+        lo = int(m[1])
+        items = [lo] if m[2] is None else range(lo, int(m[2]) + 1)
+        for i in items:
+            j = i + n if i < 0 else i
+            if not 0 <= j < n:
+                raise MinigenError(f"{flag}: {what} {i} out of range (the model has {n}: 0-{n - 1})")
+            if j not in out:
+                out.append(j)
+    return sorted(out)
+
+
+def parse_dtype(text: str | None) -> np.dtype:
+    if text in (None, "float32", "f32"):
+        return np.dtype(np.float32)
+    if text in ("float16", "f16", "half"):
+        return np.dtype(np.float16)
+    raise MinigenError(f"--attn-dtype {text!r}: expected float32 or float16")
+
+
+def expected_bytes(n_layers: int, n_heads: int, T: int, dtype) -> int:
+    return n_layers * n_heads * T * T * np.dtype(dtype).itemsize
+
+
+def check_budget(n_layers: int, n_heads: int, T: int, dtype, budget: int = BUDGET):
+    size = expected_bytes(n_layers, n_heads, T, dtype)
+    if size > budget:
+        raise MinigenError(
+            f"the attention dump would take {size / 2**20:,.0f} MiB ({n_layers} layers x {n_heads} heads x "
+            f"{T}x{T} {np.dtype(dtype).name}), over the {budget / 2**30:g} GiB budget; keep less with "
+            f"--attn-layers 0,5-7, --attn-heads 0-3, --attn-dtype float16, or fewer tokens")
+    return size
+
+
+class Recorder:
+    """Assembles per-step records into full (n_heads_kept, T, T) matrices per kept layer.
+
+    `add(record)` takes what `model.forward(..., record=...)` appended for one call: one
+    (n_heads, q, S) array per layer, q new query rows against all S keys so far.
+    """
+
+    def __init__(self, layers: list[int], heads: list[int], capacity: int, dtype=np.float32):
+        self.layers, self.heads, self.dtype = layers, heads, np.dtype(dtype)
+        self.rows = 0
+        self.mats = {l: np.zeros((len(heads), capacity, capacity), self.dtype) for l in layers}
+
+    def add(self, record: list[np.ndarray]):
+        q, S = record[0].shape[-2:]
+        if S != self.rows + q:
+            raise MinigenError(f"attention record does not line up: {q} new rows against {S} keys after {self.rows} rows")
+        self._ensure(S)
+        for l in self.layers:
+            self.mats[l][:, self.rows:S, :S] = record[l][self.heads]
+        self.rows = S
+
+    def _ensure(self, S: int):
+        cap = next(iter(self.mats.values())).shape[-1] if self.mats else S
+        if S > cap:
+            for l, m in self.mats.items():
+                new = np.zeros((m.shape[0], S, S), self.dtype)
+                new[:, :cap, :cap] = m
+                self.mats[l] = new
+
+    def matrices(self) -> dict[int, np.ndarray]:
+        return {l: m[:, :self.rows, :self.rows] for l, m in self.mats.items()}
+
+
+def head_kv_map(n_heads: int, n_kv_heads: int) -> list[int]:
+    """Query head h reads KV head h // group (HF's order)."""
+    group = n_heads // n_kv_heads
+    return [h // group for h in range(n_heads)]
+
+
+def make_meta(model, token_strings: list[str], layers: list[int], heads: list[int], dtype,
+              final_token: tuple[int, str] | None = None, source: str = "generate") -> dict:
+    c = model.config
+    return {
+        "format": "minigen attention dump v1",
+        "source": source,
+        "note": NOTE,
+        "model_path": str(model.path),
+        "architecture": c.model_type,
+        "n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+        "head_to_kv_head": head_kv_map(c.n_heads, c.n_kv_heads),
+        "layers": layers, "heads": heads,
+        "dtype": np.dtype(dtype).name,
+        "tokens": token_strings,
+        "final_token": None if final_token is None else {"id": int(final_token[0]), "text": final_token[1]},
+    }
+
+
+class DumpFile:
+    """The target's temporary sibling, created up front so a bad path fails before any work.
+
+    with DumpFile(path) as f: ...; f.write(...)  -> renamed onto `path`; any exception removes it.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        parent = self.path.parent
+        if self.path.is_dir():
+            raise MinigenError(f"{self.path}: is a directory (give a file name for the dump, e.g. attn.npz)")
+        if not parent.is_dir():
+            raise MinigenError(f"{self.path}: directory {parent} does not exist")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            raise MinigenError(f"{self.path}: cannot write in {parent} ({e.strerror or e})")
+        os.close(fd)
+        self.tmp = Path(tmp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.tmp.exists():
+            self.tmp.unlink()
+        return False
+
+    def write(self, matrices: dict[int, np.ndarray], token_ids, prompt_length: int, meta: dict):
+        arrays = {f"attention_{l}": m for l, m in matrices.items()}
+        arrays["token_ids"] = np.asarray(token_ids, dtype=np.int64)
+        arrays["prompt_length"] = np.asarray(prompt_length, dtype=np.int64)
+        arrays["meta"] = np.asarray(json.dumps(meta, ensure_ascii=False))
+        try:
+            with open(self.tmp, "wb") as f:
+                np.savez(f, **arrays)
+            os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise MinigenError(f"{self.path}: could not write the dump ({e.strerror or e})")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def load_attention(path: str | os.PathLike) -> dict:
+    """A dump as {"layers": {l: (n_heads_kept, T, T) float32}, "token_ids", "prompt_length", "meta", "heads"}."""
+    path = Path(path)
+    if not path.is_file():
+        raise MinigenError(f"{path}: no such attention dump")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            layers = {int(k.split("_", 1)[1]): z[k].astype(np.float32) for k in z.files if k.startswith("attention_")}
+            token_ids, prompt_length = z["token_ids"], int(z["prompt_length"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+        raise MinigenError(f"{path}: not a minigen attention dump ({type(e).__name__}: {e})")
+    return {"layers": dict(sorted(layers.items())), "token_ids": token_ids, "prompt_length": prompt_length,
+            "meta": meta, "heads": meta.get("heads", list(range(next(iter(layers.values())).shape[0])))}
+
+
+class GenerationDump:
+    """--dump-attention during generation: checks the path and the size before the run, collects each
+    Step's attention (`on_step`, a generate.Run callback), writes the file when `finish` is called.
+
+    with GenerationDump(model, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
+        run.on_step.append(dump.on_step); ...; dump.finish()
+    Leaving the block without finish() (an error, Ctrl-C) leaves no file behind.
+    """
+
+    def __init__(self, model, path, prompt_ids, max_tokens: int, layers: str | None = None,
+                 heads: str | None = None, dtype: str | None = None, budget: int = BUDGET):
+        c = model.config
+        self.model, self.prompt = model, [int(i) for i in prompt_ids]
+        self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
+        self.heads = parse_selection(heads, c.n_heads, "head", "--attn-heads")
+        self.dtype = parse_dtype(dtype)
+        rows = len(self.prompt) + max(max_tokens - 1, 0)    # the last token gets no row
+        self.size = check_budget(len(self.layers), len(self.heads), rows, self.dtype, budget)
+        self.file = DumpFile(path)
+        self.recorder = Recorder(self.layers, self.heads, rows, self.dtype)
+        self.generated: list[int] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.file.__exit__(*exc)
+
+    def on_step(self, step):
+        self.recorder.add(step.attentions)
+        self.generated.append(int(step.token))
+
+    def finish(self) -> dict:
+        """Write the file; returns what was written (token_ids, matrices, meta)."""
+        ids = self.prompt + self.generated[:-1]
+        strings = self.model.tokenizer.token_strings(ids)
+        final = None
+        if self.generated:
+            last = self.generated[-1]
+            final = (last, self.model.tokenizer.token_strings([last])[0])
+        meta = make_meta(self.model, strings, self.layers, self.heads, self.dtype, final, "generate")
+        mats = self.recorder.matrices()
+        self.file.write(mats, ids, len(self.prompt), meta)
+        return {"token_ids": ids, "matrices": mats, "meta": meta, "path": self.file.path}

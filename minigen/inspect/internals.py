@@ -1,0 +1,172 @@
+"""Looking inside a loaded model with model.py's own functions: prompt attention, the hidden state
+entering a layer, one head's projections, the induction probe, and the uncached check of a dump.
+
+Shape letters as in model.py: T tokens, D hidden, H query heads, KV key/value heads, d head_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import model as M
+from ..attention import attend, causal_mask
+from ..errors import MinigenError
+from ..layers import apply_rope, rope_tables
+from .stats import induction_score, repeated_tokens
+from .trace import Steps, attention_steps
+
+
+def prompt_attention(model, ids) -> list[np.ndarray]:
+    """Uncached forward over ids; each layer's weights (H, T, T)."""
+    record: list = []
+    model.forward(np.asarray(ids), model.make_cache(max(len(ids), 1)), record=record)
+    return record
+
+
+def hidden_before(model, ids, layer: int) -> tuple[np.ndarray, tuple | None]:
+    """The residual stream entering `layer` (T, D), and the RoPE tables (cos, sin) or None.
+
+    The same loop as model.forward, stopped before `layer`.
+    """
+    cfg, params = model.config, model.params
+    ids = np.asarray(ids)
+    T = len(ids)
+    positions = np.arange(T)
+    x = M.embed(params, cfg, ids, positions)                                 # (T, D)
+    rope = rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
+    cache = model.make_cache(T)
+    for i in range(layer):
+        p = params["layers"][i]
+        mask = _layer_mask(cfg, i, T)
+        x = x + M.attention_block(M.norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, mask, None)
+        x = x + M.mlp_block(M.norm(x, p, cfg, "mlp_norm"), p, cfg)
+    return x, rope
+
+
+def _layer_mask(cfg, layer: int, T: int) -> np.ndarray:
+    sliding = cfg.layer_types and cfg.layer_types[layer] == "sliding_attention"
+    return causal_mask(T, 0, cfg.sliding_window if sliding else None)
+
+
+def head_weights(model, layer: int, head: int) -> dict:
+    """One head's W_Q, W_K, W_V as (D, d) (and biases): slices of the fused (H + 2 KV) d x D matrix."""
+    cfg, p = model.config, model.params["layers"][layer]
+    H, d, kv = cfg.n_heads, cfg.head_dim, head // cfg.group
+    rows = {"q": slice(head * d, (head + 1) * d),
+            "k": slice((H + kv) * d, (H + kv + 1) * d),
+            "v": slice((H + cfg.n_kv_heads + kv) * d, (H + cfg.n_kv_heads + kv + 1) * d)}
+    out = {f"w_{n}": p["wqkv"][r].T for n, r in rows.items()}                # (D, d) each
+    if "bqkv" in p:
+        out.update({f"b_{n}": p["bqkv"][r] for n, r in rows.items()})
+    out["kv_head"] = kv
+    return out
+
+
+def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
+    """The walk-through's numbers for one head over all of ids, and the model's own results to check
+    them against: {"out": (T, d) the head's output from attend(), "weights": (T, T) from the forward's record}."""
+    cfg = model.config
+    check_layer_head(cfg, layer, head)
+    h, rope = hidden_before(model, ids, layer)
+    p = model.params["layers"][layer]
+    x = M.norm(h, p, cfg, "attn_norm")                                       # (T, D)
+    w = head_weights(model, layer, head)
+    rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope), apply_rope(k, *rope)))
+    mask = _layer_mask(cfg, layer, len(ids))
+    steps = attention_steps(x, w["w_q"], w["w_k"], w["w_v"], b_q=w.get("b_q"), b_k=w.get("b_k"),
+                            b_v=w.get("b_v"), rotate=rotate, mask=mask)
+    return steps, _model_head_output(model, x, p, rope, mask, layer, head)
+
+
+def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
+    """The head's output as the model computes it: model.qkv_heads, then attend() over the GQA shapes."""
+    cfg = model.config
+    T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
+    q, k, v = M.qkv_heads(x, p, cfg, rope)                                   # (H, T, d), (KV, T, d) x2
+    out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)))
+    out = out.reshape(H, T, d)                                               # (H, T, d)
+    # the same heads through o_proj must give the model's attention block output
+    block = M.attention_block(x, p, cfg, model.make_cache(T)[layer], rope, mask, None)
+    block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
+    return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
+
+
+def check_layer_head(cfg, layer: int, head: int):
+    if not 0 <= layer < cfg.n_layers:
+        raise MinigenError(f"--layer {layer} out of range (the model has {cfg.n_layers} layers: 0-{cfg.n_layers - 1})")
+    if not 0 <= head < cfg.n_heads:
+        raise MinigenError(f"--head {head} out of range (the model has {cfg.n_heads} heads: 0-{cfg.n_heads - 1})")
+
+
+# --- induction probe ---------------------------------------------------------------------------------
+
+def probe_candidates(tokenizer, vocab_size: int) -> np.ndarray:
+    """Ordinary token ids to draw random sequences from: no added/special tokens."""
+    special = set(tokenizer.hf.get_added_tokens_decoder()) if hasattr(tokenizer.hf, "get_added_tokens_decoder") else set()
+    n = min(vocab_size, tokenizer.vocab_size)
+    return np.array([i for i in range(n) if i not in special], dtype=np.int64)
+
+
+def induction_probe(model, n: int | None = None, seed: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
+    """Run prefix + r + r (r: n random ordinary tokens) -> (ids, n, scores (n_layers, n_heads))."""
+    cfg, tok = model.config, model.tokenizer
+    prefix = tok.encode("", add_special_tokens=True)  # BOS where the tokenizer adds one
+    candidates = probe_candidates(tok, cfg.vocab_size)
+    limit = (cfg.max_position_embeddings - len(prefix)) // 2
+    n = min(50, limit, len(candidates)) if n is None else n
+    if n < 2 or n > limit:
+        raise MinigenError(f"--probe-length {n}: must be between 2 and {limit} for this model's context")
+    ids = repeated_tokens(prefix, candidates, n, seed)
+    record = prompt_attention(model, ids)
+    return ids, n, np.stack([induction_score(a, n) for a in record])
+
+
+# --- verifying a dump ---------------------------------------------------------------------------------
+
+def verify_rows(model, token_ids, matrices: dict[int, np.ndarray], heads: list[int]) -> float:
+    """Max |dumped - recomputed| over every kept layer/head, recomputing the whole sequence uncached."""
+    record = prompt_attention(model, token_ids)
+    return max(float(np.abs(m.astype(np.float32) - record[l][heads]).max()) for l, m in matrices.items())
+
+
+# --- the model-level walk-through ------------------------------------------------------------------------
+
+def resolve_token(tokens: list[str], spec: str | int | None) -> int:
+    """--token: an index (negative counts from the end), or text matching one token (last occurrence)."""
+    T = len(tokens)
+    if spec is None:
+        return T - 1
+    s = str(spec)
+    try:
+        i = int(s)
+    except ValueError:
+        matches = [j for j, t in enumerate(tokens) if t == s] or [j for j, t in enumerate(tokens) if t.strip() == s.strip()]
+        if not matches:
+            raise MinigenError(f"--token {s!r}: no token of the prompt reads {s!r} (tokens: "
+                               + " ".join(repr(t) for t in tokens[:12]) + (" ..." if T > 12 else "") + ")")
+        return matches[-1]
+    if not -T <= i < T:
+        raise MinigenError(f"--token {i}: past the prompt, which has {T} tokens (0-{T - 1})")
+    return i % T
+
+
+def trace_lines(model, ids, layer: int, head: int, token: int, limit: int = 12, tol: float = 1e-4) -> tuple[list[str], bool]:
+    """The seeds' walk-through on a real checkpoint for one head and one query token, ending with the check."""
+    from .trace import fmt_vec, format_steps  # noqa: E402 (kept local: trace.py stays model-free)
+    cfg = model.config
+    tokens = model.tokenizer.token_strings(ids)
+    steps, own = trace_head(model, ids, layer, head)
+    norm = {"layer": "LayerNorm", "rms": "RMSNorm"}[cfg.family.norm] + (" (1 + w)" if cfg.family.norm_offset else "")
+    pos = "RoPE on q and k (HF half-split)" if cfg.family.positions == "rope" else "learned positions (added to the embeddings)"
+    window = f", sliding window {cfg.sliding_window}" if cfg.is_sliding(layer) else ""
+    header = (f"{model.path}: {cfg.model_type}, layer {layer} of {cfg.n_layers}, head {head} of {cfg.n_heads} "
+              f"(reads KV head {head // cfg.group} of {cfg.n_kv_heads}), d_k = {cfg.head_dim}\n"
+              f"x = the residual stream entering layer {layer}, after its {norm}; {pos}{window}; causal mask")
+    lines = format_steps(steps, tokens, token, limit=limit, header=header)
+    err = float(np.abs(steps.out[token] - own["out"][token]).max())
+    werr = float(np.abs(steps.weights[token] - own["weights"][token]).max())
+    ok = err <= tol * max(1.0, float(np.abs(own["out"][token]).max())) and werr <= tol
+    lines += ["8. check against the model's own computation (model.qkv_heads + attention.attend):",
+              f"   model's head output = {fmt_vec(own['out'][token])}",
+              f"   max |trace - model| = {err:.2e} (output), {werr:.2e} (weights): "
+              + ("equal" if ok else "DIFFERENT") + f" within {tol:g}"]
+    return lines, ok

@@ -1,0 +1,152 @@
+"""One head's attention arithmetic, step by step, in the seeds' order (../shared/seeds/).
+
+`attention_steps` is the pure core: given X and a head's W_Q, W_K, W_V it computes every intermediate the
+walk-through prints (no mask, no RoPE unless asked). `format_steps` turns one query row of it into lines
+with token labels. model-level tracing (norms, RoPE, the fused weights) lives in `model_trace.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Steps:
+    """Every intermediate of softmax(q k^T / sqrt(d_k)) v for one head. Shapes: T queries, S keys, d dims."""
+    x: np.ndarray         # (T, D) input rows
+    q: np.ndarray         # (T, d) after bias and RoPE
+    k: np.ndarray         # (S, d)
+    v: np.ndarray         # (S, d_v)
+    scores: np.ndarray    # (T, S) q . k, masked entries -inf
+    scaled: np.ndarray    # (T, S) scores * scale
+    weights: np.ndarray   # (T, S) softmax rows
+    out: np.ndarray       # (T, d_v) weights @ v
+    scale: float
+    q_bias: np.ndarray | None = None
+    q_raw: np.ndarray | None = None   # x W_Q + b before RoPE, when RoPE was applied
+
+
+def attention_steps(x, w_q, w_k, w_v, *, b_q=None, b_k=None, b_v=None, kv_x=None,
+                    rotate: Callable | None = None, mask=None, scale: float | None = None) -> Steps:
+    """softmax((x W_Q)(x W_K)^T * scale) (x W_V), keeping every step.
+
+    x: (T, D) query rows; kv_x: (S, D) key/value rows (default x). W_*: (D, d). rotate(q, k) -> (q, k)
+    applies a positional rotation (RoPE) after the projections. mask: (T, S) bool, True = may attend.
+    scale defaults to 1/sqrt(d_k).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    kv_x = x if kv_x is None else np.asarray(kv_x, dtype=np.float64)
+    q = x @ np.asarray(w_q, dtype=np.float64) + (0 if b_q is None else b_q)          # (T, d)
+    k = kv_x @ np.asarray(w_k, dtype=np.float64) + (0 if b_k is None else b_k)       # (S, d)
+    v = kv_x @ np.asarray(w_v, dtype=np.float64) + (0 if b_v is None else b_v)       # (S, d_v)
+    q_raw = None
+    if rotate is not None:
+        q_raw = q
+        q, k = rotate(q, k)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = q @ k.T                                                                  # (T, S)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    scaled = scores * scale
+    e = np.exp(scaled - scaled.max(-1, keepdims=True))                                # row max first: no overflow
+    weights = e / e.sum(-1, keepdims=True)
+    return Steps(x, q, k, v, scores, scaled, weights, weights @ v, scale,
+                 None if b_q is None else np.asarray(b_q), q_raw)
+
+
+# --- printing ---------------------------------------------------------------------------------------
+
+def fmt_vec(v, head: int = 4, tail: int = 2, digits: int = 2) -> str:
+    """A vector as '(a, b, c)', integers without decimals, wide ones as first `head` ... last `tail`."""
+    v = np.asarray(v, dtype=np.float64)
+    as_int = np.all(np.isfinite(v)) and np.allclose(v, np.round(v), atol=1e-9)
+    f = (lambda t: f"{t:.0f}") if as_int else (lambda t: f"{t:.{digits}f}")
+    if v.size > head + tail + 1:
+        parts = [f(t) for t in v[:head]] + [f"... ({v.size - head - tail} more)"] + [f(t) for t in v[-tail:]]
+    else:
+        parts = [f(t) for t in v]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _num(t: float, as_int: bool) -> str:
+    return "-inf" if np.isneginf(t) else (f"{t:.0f}" if as_int else f"{t:.2f}")
+
+
+def _label(s: str, width: int = 12) -> str:
+    s = repr(s)[1:-1]
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def visible_keys(steps: Steps, i: int, limit: int = 12) -> list[int]:
+    """Keys worth a line for query i: all when few, else the top `limit` by weight, in position order."""
+    keys = np.flatnonzero(np.isfinite(steps.scores[i]))
+    if len(keys) <= limit:
+        return list(keys)
+    top = keys[np.argsort(-steps.weights[i, keys], kind="stable")[:limit]]
+    return sorted(int(j) for j in top)
+
+
+def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[str] | None = None,
+                 limit: int = 12, header: str = "") -> list[str]:
+    """The walk-through for query row i: x, q, keys/values, scores, scaled, softmax %, weighted sum."""
+    key_labels = labels if key_labels is None else key_labels
+    keys = visible_keys(steps, i, limit)
+    n_keys = int(np.isfinite(steps.scores[i]).sum())
+    d = steps.q.shape[-1]
+    w = max(len(_label(key_labels[j])) for j in keys) + 9
+    name = lambda j: f"'{_label(key_labels[j])}' [{j}]".ljust(w)
+    out = [header] if header else []
+    out.append(f"query token {i} {_label(labels[i])!r}")
+    out.append(f"1. x (input row, width {steps.x.shape[-1]}) = {fmt_vec(steps.x[i])}")
+    if steps.q_bias is not None:
+        out.append(f"   q bias b_Q = {fmt_vec(steps.q_bias)}")
+    if steps.q_raw is not None:
+        out.append(f"2. q = x W_Q{' + b_Q' if steps.q_bias is not None else ''} = {fmt_vec(steps.q_raw[i])}")
+        out.append(f"   after RoPE at position {i}: q = {fmt_vec(steps.q[i])}")
+    else:
+        out.append(f"2. q = x W_Q{' + b_Q' if steps.q_bias is not None else ''} = {fmt_vec(steps.q[i])}   (d_k = {d})")
+    shown = "" if len(keys) == n_keys else f" (showing the {len(keys)} largest weights of {n_keys})"
+    rope = " (k after RoPE)" if steps.q_raw is not None else ""
+    out.append(f"3. keys and values it looks at{shown}{rope}:")
+    for j in keys:
+        out.append(f"   {name(j)} k = {fmt_vec(steps.k[j])}   v = {fmt_vec(steps.v[j])}")
+    row_int = np.allclose(steps.scores[i, keys], np.round(steps.scores[i, keys]), atol=1e-9)
+    out.append(f"4. raw scores q . k:")
+    out += [f"   {name(j)} {_num(steps.scores[i, j], row_int)}" for j in keys]
+    out.append(f"5. scaled scores / sqrt(d_k) = / {1 / steps.scale:.4g}:")
+    out += [f"   {name(j)} {steps.scaled[i, j]:.2f}" for j in keys]
+    out.append(f"6. softmax (row max subtracted first), as percentages:")
+    out += [f"   {name(j)} {100 * steps.weights[i, j]:6.2f}%  {_bar(steps.weights[i, j])}" for j in keys]
+    rest = 1.0 - steps.weights[i, keys].sum()
+    if len(keys) < n_keys:
+        out.append(f"   {'(other keys)'.ljust(w)} {100 * rest:6.2f}%")
+    out.append("7. output = sum of weight x value row:")
+    terms = " + ".join(f"{steps.weights[i, j]:.3f} x v[{j}]" for j in keys[:6])
+    more = " + ..." if len(keys) > 6 or len(keys) < n_keys else ""
+    out.append(f"   {terms}{more}")
+    out.append(f"   = {fmt_vec(steps.out[i])}")
+    return out
+
+
+def _bar(w: float, width: int = 30) -> str:
+    n = w * width
+    return "█" * int(n) + ("▌" if n - int(n) >= 0.5 else "")
+
+
+def format_tables(steps: Steps, labels: list[str]) -> list[str]:
+    """Every row at once, as the seeds lay it out: Q/K/V per token, scores, scaled, weights, outputs."""
+    w = max(len(_label(s)) for s in labels) + 2
+    head = " " * w + "".join(_label(s).rjust(8) for s in labels)
+    def table(title, m, f):
+        return [title, head] + [_label(labels[i]).ljust(w) + "".join(f(t).rjust(8) for t in m[i]) for i in range(len(m))]
+    ints = lambda m: np.allclose(m[np.isfinite(m)], np.round(m[np.isfinite(m)]), atol=1e-9)
+    out = ["token".ljust(w) + "Q".ljust(16) + "K".ljust(16) + "V"]
+    out += [_label(labels[i]).ljust(w) + fmt_vec(steps.q[i]).ljust(16) + fmt_vec(steps.k[i]).ljust(16)
+            + fmt_vec(steps.v[i]) for i in range(len(steps.q))]
+    out += table("scores q . k", steps.scores, lambda t: _num(t, ints(steps.scores)))
+    out += table(f"scaled scores / sqrt(d_k) (/ {1 / steps.scale:.4g})", steps.scaled, lambda t: f"{t:.2f}")
+    out += table("softmax weights", steps.weights, lambda t: f"{t:.3f}")
+    out += ["output = weights @ V"] + [_label(labels[i]).ljust(w) + fmt_vec(steps.out[i]) for i in range(len(steps.out))]
+    return out
