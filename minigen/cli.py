@@ -27,8 +27,361 @@ def main():
 
 # --- generate, info (issue 3) ---------------------------------------------------------------
 
+def load_model(path):
+    """The model at --model, or the default model; returns (model, load seconds)."""
+    import time
+    from .model import load
+    if path is None:
+        from .default_model import default_model_path
+        path = default_model_path()
+    start = time.perf_counter()
+    model = load(path)
+    return model, time.perf_counter() - start
+
+
+def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) -> str:
+    given = [p for p in (prompt, prompt_opt, file) if p is not None]
+    if len(given) != 1:
+        raise click.UsageError("give the prompt once: PROMPT, -p/--prompt (- reads stdin) or -f/--file")
+    if file is not None:
+        with open(file, encoding="utf-8") as f:
+            return f.read()
+    text = given[0]
+    return click.get_text_stream("stdin").read() if text == "-" else text
+
+
+def build_run(model, text: str, chat: bool, system: str | None, **options):
+    """The Run a `generate` invocation asks for; other commands' options can add to it (on_step, ...)."""
+    from .generate import run
+    return run(model, text, chat=chat, system=system, **options)
+
+
+def print_run(run, load_seconds: float, quiet: bool, verbose: bool) -> int:
+    """Stream the text to stdout, piece by piece; notes and figures to stderr. Returns the exit code."""
+    if verbose:
+        s = run.settings
+        click.echo(f"model: {run.model.path} ({run.model.config.model_type}), prompt: {len(run.prompt)} tokens, "
+                   f"temp {s['temp']}, top-k {s['top_k']}, top-p {s['top_p']}, min-p {s['min_p']}, "
+                   f"repeat-penalty {s['repeat_penalty']} (last {run.options.repeat_last_n}), "
+                   f"seed {run.options.seed}, context {run.max_context}", err=True)
+    code = 0
+    try:
+        for piece in run.pieces():
+            click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        code = 130
+    if sys.stdout.isatty():
+        click.echo()
+    if run.stats.finish == "context":
+        click.echo(f"minigen: note: the context is full ({run.max_context} tokens); generation stopped", err=True)
+    if not quiet:
+        click.echo(figures(run.stats, load_seconds, verbose), err=True)
+    return code
+
+
+def figures(stats, load_seconds: float, verbose: bool = False) -> str:
+    import resource
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    lines = ["==========",
+             f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tokens/s",
+             f"generation: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tokens/s",
+             f"load: {load_seconds:.2f} s, peak memory: {peak_mb:.0f} MB"]
+    if verbose:
+        lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
+                     f"decode {stats.decode_seconds:.3f} s")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
+@click.option("-p", "--prompt", "prompt_opt", help="The prompt; - reads it from stdin.")
+@click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
+@click.option("-m", "-n", "--max-tokens", type=click.IntRange(min=0), default=256, show_default=True,
+              help="Tokens to generate at most.")
+@click.option("--temp", type=click.FloatRange(min=0), help="Temperature; 0 is greedy. [default: from "
+              "generation_config.json, else 0]")
+@click.option("--top-k", type=click.IntRange(min=0), help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Keep the smallest set reaching p (1: off).")
+@click.option("--min-p", type=click.FloatRange(0, 1), help="Keep tokens at least min-p times the top one (0: off).")
+@click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True),
+              help="Penalise tokens seen recently, as HF's repetition_penalty (1: off).")
+@click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Window of the repeat penalty, in tokens (0: the whole sequence).")
+@click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (not printed). Repeatable.")
+@click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
+@click.option("--system", help="System message for --chat (implies --chat).")
+@click.option("--max-context", type=click.IntRange(min=1), help="Context size in tokens (default: the model's).")
+@click.option("-q", "--quiet", is_flag=True, help="No figures on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **options):
+    """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
+    text = read_prompt(prompt, prompt_opt, file)
+    model, load_seconds = load_model(model_path)
+    run = build_run(model, text, chat, system, **options)
+    sys.exit(print_run(run, load_seconds, quiet, verbose))
+
+
+@main.command()
+@click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
+def info(model_path):
+    """What a checkpoint is: architecture, size, dims, heads, context, tokenizer."""
+    model, _ = load_model(model_path)
+    c, tok = model.config, model.tokenizer
+    arch = ", ".join(c.raw.get("architectures") or []) or "-"
+    rows = [
+        ("path", str(model.path)),
+        ("architecture", f"{c.model_type} ({arch})"),
+        ("parameters", f"{model.n_params:,} ({model.n_params / 1e6:.1f} M)"),
+        ("layers", c.n_layers),
+        ("hidden size", c.hidden_size),
+        ("intermediate size", c.intermediate_size),
+        ("heads", f"{c.n_heads} query, {c.n_kv_heads} key/value, head dim {c.head_dim}"),
+        ("vocabulary", c.vocab_size),
+        ("context", f"{c.max_position_embeddings} tokens" + (f", sliding window {c.sliding_window}"
+                                                              if c.sliding_window else "")),
+        ("dtype on disk", c.dtype),
+        ("tokenizer", f"{type(tok.hf.model).__name__}, {tok.vocab_size} tokens"
+                      f"{', byte fallback' if tok.byte_fallback_ids else ''}, BOS {tok.special_token('bos_token')}, "
+                      f"EOS {tok.special_token('eos_token')}"),
+        ("chat template", "yes" if tok.chat_template else "no"),
+    ]
+    for name, value in rows:
+        click.echo(f"{name + ':':<19}{value}")
+
+
 
 # --- convert (issue 4) ----------------------------------------------------------------------
 
 
 # --- attention, trace (issue 5) -------------------------------------------------------------
+
+def _inspect_model(path):
+    """--model PATH, or the default model when it is not given (generate's load_model)."""
+    return load_model(path)[0]
+
+
+def _prompt_ids(model, prompt, chat):
+    from .generate import prompt_ids
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    return prompt_ids(model.tokenizer, prompt, chat=chat)
+
+
+def _attention_source(prompt, model_path, from_path, chat, attn_layers, attn_heads):
+    """(model or None, ids, layers {l: (heads, T, T)}, heads, tokens, prompt_length or None, subtitle)."""
+    from .inspect import dump as D
+    from .inspect.internals import prompt_attention
+    if from_path is not None:
+        if prompt is not None:
+            raise MinigenError("give either a PROMPT or --from DUMP.npz, not both")
+        d = D.load_attention(from_path)
+        m = d["meta"]
+        layers = d["layers"]
+        if attn_layers is not None:
+            keep = D.parse_selection(attn_layers, m.get("n_layers", max(layers) + 1), "layer", "--attn-layers")
+            missing = [l for l in keep if l not in layers]
+            if missing:
+                raise MinigenError(f"--attn-layers: layer {missing[0]} is not in {from_path} (it has {sorted(layers)})")
+            layers = {l: layers[l] for l in keep}
+        heads = list(d["heads"])
+        tokens = m.get("tokens") or [str(i) for i in d["token_ids"]]
+        sub = f"{m.get('model_path', '?')} · from {from_path}"
+        return None, d["token_ids"], layers, heads, tokens, d["prompt_length"], sub
+    if prompt is None:
+        raise MinigenError("give a PROMPT (or - to read stdin), or --from DUMP.npz")
+    model = _inspect_model(model_path)
+    ids = _prompt_ids(model, prompt, chat)
+    c = model.config
+    keep_l = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
+    record = prompt_attention(model, ids)
+    layers = {l: record[l][heads] for l in keep_l}
+    return model, ids, layers, heads, model.tokenizer.token_strings(ids), None, str(model.path)
+
+
+def _pick(layers, heads, layer, head):
+    """Map --layer/--head onto the kept arrays: (layer array index into dict, head position)."""
+    if layer not in layers:
+        raise MinigenError(f"--layer {layer} out of range (available: {_ranges(sorted(layers))})")
+    if head not in heads:
+        raise MinigenError(f"--head {head} out of range (available: {_ranges(heads)})")
+    return layers[layer][heads.index(head)]
+
+
+def _ranges(xs):
+    return f"{xs[0]}-{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--model", "model_path", metavar="PATH", help="Checkpoint directory (default: the default model).")
+@click.option("--from", "from_path", metavar="DUMP.npz", help="Inspect a dump made by --dump-attention instead.")
+@click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")
+@click.option("--layer", type=int, help="Layer for --token (and the HTML's first view).")
+@click.option("--head", type=int, help="Head for --token (and the HTML's first view).")
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Query token: index (negative from the end) or its text.")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=10, show_default=True, help="Bars for --token.")
+@click.option("--probe", type=click.Choice(["induction"]), help="Add induction scores from a repeated random sequence.")
+@click.option("--probe-length", type=click.IntRange(min=2), help="Random tokens per repeat (default 50, or what fits).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the probe's random tokens.")
+@click.option("--html", "html_path", metavar="OUT.html", help="Write a self-contained page with every head.")
+@click.option("--dump-attention", "dump_path", metavar="OUT.npz", help="Save the prompt's attention as .npz.")
+@click.option("--attn-layers", metavar="0,5-7", help="Layers to keep (default all).")
+@click.option("--attn-heads", metavar="0-3", help="Heads to keep (default all).")
+@click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
+def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_k, probe, probe_length, seed,
+              html_path, dump_path, attn_layers, attn_heads, attn_dtype):
+    """Census of every layer x head for PROMPT, top-k for one token, an HTML picture.
+
+    \b
+      minigen attention "The cat sat on the mat. The cat" --model PATH
+      minigen attention "..." --layer 3 --head 2 --token -1
+      minigen attention "..." --probe induction
+      minigen attention --from attn.npz --html attn.html
+    """
+    from .inspect import dump as D
+    from .inspect.html import render_html
+    from .inspect.internals import check_layer_head, induction_probe, resolve_token
+    from .inspect.report import format_census, format_topk
+    from .inspect.stats import census
+
+    if (token_spec is not None) and (layer is None or head is None):
+        raise MinigenError("--token needs --layer and --head")
+    if prompt is None and from_path is None and probe:  # the probe on its own
+        model = _inspect_model(model_path)
+        _print_probe(model, probe_length, seed, attn_layers, attn_heads)
+        return
+    dump_file = D.DumpFile(dump_path) if dump_path else None   # a bad path fails before any work
+    try:
+        if dump_file is not None and from_path is not None:
+            raise MinigenError("--dump-attention writes a new dump from a PROMPT; with --from the dump exists")
+        if dump_file is not None:
+            dtype = D.parse_dtype(attn_dtype)
+        model, ids, layers, heads, tokens, prompt_length, sub = _attention_source(
+            prompt, model_path, from_path, chat, attn_layers, attn_heads)
+        if layer is not None or head is not None:
+            if model is not None:
+                check_layer_head(model.config, layer if layer is not None else 0, head if head is not None else 0)
+            _pick(layers, heads, layer if layer is not None else min(layers), head if head is not None else heads[0])
+        if dump_file is not None:
+            D.check_budget(len(layers), len(heads), len(tokens), dtype)
+            meta = D.make_meta(model, tokens, sorted(layers), heads, dtype, None, "attention")
+            dump_file.write({l: a.astype(dtype) for l, a in layers.items()}, ids, len(ids), meta)
+            click.echo(f"wrote {dump_path}: {len(layers)} layers x {len(heads)} heads x {len(tokens)}x{len(tokens)}", err=True)
+        if html_path:
+            _write_html(html_path, layers, heads, tokens, prompt_length, sub, layer, head)
+        if token_spec is not None:
+            i = resolve_token(tokens, token_spec)
+            a = _pick(layers, heads, layer, head)
+            click.echo(f"layer {layer}, head {head}: where token {i} {tokens[i]!r} looks (top {top_k} of {i + 1} keys)")
+            for line in format_topk(a[i], tokens, i, top_k):
+                click.echo(line)
+            return
+        if html_path and dump_path is None and not probe and layer is None:
+            return  # asked for the picture only
+        table = census(layers)
+        if probe:
+            pm = model or _inspect_model(model_path or _dump_model_path(from_path))
+            _, n, scores = induction_probe(pm, probe_length, seed)
+            table["induction"] = scores[sorted(layers)][:, heads]
+        click.echo(f"census of {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
+        for line in format_census(table, sorted(layers), heads):
+            click.echo(line)
+    finally:
+        if dump_file is not None:
+            dump_file.__exit__(None, None, None)
+
+
+def _dump_model_path(from_path):
+    from .inspect.dump import load_attention
+    return load_attention(from_path)["meta"].get("model_path")
+
+
+def _print_probe(model, probe_length, seed, attn_layers, attn_heads):
+    from .inspect import dump as D
+    from .inspect.internals import induction_probe
+    from .inspect.report import KINDS
+    from .inspect.stats import strongest
+    c = model.config
+    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
+    ids, n, scores = induction_probe(model, probe_length, seed)
+    scores = scores[layers][:, heads]
+    click.echo(f"induction probe: {n} random tokens repeated once ({len(ids)} tokens)")
+    click.echo("layer " + " ".join(f"{'h' + str(h):>6}" for h in heads))
+    for a, l in enumerate(layers):
+        click.echo(f"{l:5d} " + " ".join(f"{s:6.3f}" for s in scores[a]))
+    best = strongest(scores, layers, heads, 5)
+    click.echo("strongest induction heads: " + "  ".join(f"{l}.{h} {v:.3f}" for l, h, v in best))
+
+
+def _write_html(path, layers, heads, tokens, prompt_length, subtitle, layer, head):
+    import os
+    from pathlib import Path
+    from .inspect.html import render_html
+    page = render_html(layers, heads, tokens, prompt_length=prompt_length, subtitle=subtitle,
+                       select=(layer if layer is not None else min(layers), head if head is not None else heads[0]))
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise MinigenError(f"{out}: directory {out.parent} does not exist")
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise MinigenError(f"{out}: cannot write ({e.strerror or e})")
+    click.echo(f"wrote {out} ({len(page) / 2**20:.1f} MiB): open it in a browser", err=True)
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--model", "model_path", metavar="PATH", help="Checkpoint directory (default: the default model).")
+@click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")
+@click.option("--layer", type=int, help="Layer to trace.")
+@click.option("--head", type=int, help="Query head to trace.")
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Query token (default: the last).")
+@click.option("--keys", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Keys to print (the largest weights) when the token sees more.")
+@click.option("--seeds", is_flag=True, help="Trace the seeds' birds/eat/seeds example instead (no model).")
+def trace(prompt, model_path, chat, layer, head, token_spec, keys, seeds):
+    """One head's attention for one token, step by step: x, q, keys, scores, softmax, output.
+
+    \b
+      minigen trace "The cat sat on the mat" --model PATH --layer 2 --head 1 --token -1
+      minigen trace --seeds
+    """
+    from .inspect.internals import check_layer_head, resolve_token, trace_lines
+    if seeds:
+        for line in _seeds_lines():
+            click.echo(line)
+        return
+    if prompt is None:
+        raise MinigenError("give a PROMPT to trace (or --seeds for the worked example)")
+    if layer is None or head is None:
+        raise MinigenError("trace needs --layer and --head")
+    model = _inspect_model(model_path)
+    check_layer_head(model.config, layer, head)
+    ids = _prompt_ids(model, prompt, chat)
+    i = resolve_token(model.tokenizer.token_strings(ids), token_spec)
+    lines, ok = trace_lines(model, ids, layer, head, i, limit=keys)
+    for line in lines:
+        click.echo(line)
+    if not ok:
+        raise MinigenError("the trace does not match the model's own head output")
+
+
+def _seeds_lines():
+    import numpy as np
+    from .inspect.trace import attention_steps, format_steps, format_tables
+    X = np.array([[1, 0, 2, 0], [0, 2, 0, 1], [1, 1, 0, 1]])
+    W_Q = np.array([[1, 2], [1, 0], [0, 1], [0, 1]])
+    W_K = np.array([[1, 0], [0, 1], [1, 0], [1, 0]])
+    W_V = np.array([[0, 2], [2, 0], [0, 1], [0, 2]])
+    steps = attention_steps(X, W_Q, W_K, W_V)
+    labels = ["birds", "eat", "seeds"]
+    return format_steps(steps, labels, 0, header="the seeds' example: X, W_Q, W_K, W_V from ../shared/seeds/") + \
+        [""] + format_tables(steps, labels)
