@@ -155,6 +155,26 @@ def info(model_path):
 
 # --- convert (issue 4) ----------------------------------------------------------------------
 
+@main.command()
+@click.argument("source", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Data type of the written weights.")
+def convert(source, out_dir, dtype):
+    """Convert a Llama GGUF file (SOURCE) into a Hugging Face checkpoint directory (OUT_DIR).
+
+    Tensors are dequantised (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants), the tokenizer is rebuilt
+    as tokenizer.json, and OUT_DIR appears only when the conversion is complete.
+    """
+    import time
+
+    from .convert import convert_gguf
+
+    start = time.perf_counter()
+    result = convert_gguf(source, out_dir, dtype=dtype, progress=True)
+    click.echo(f"wrote {result.out_dir}: {result.n_tensors} tensors, {result.n_params / 1e6:.1f}M parameters, "
+               f"{result.nbytes / 1e6:.0f} MB ({dtype}) in {time.perf_counter() - start:.1f} s", err=True)
+
 
 # --- attention, trace (issue 5) -------------------------------------------------------------
 

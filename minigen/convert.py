@@ -327,7 +327,7 @@ def _tokenizer_config(meta: dict) -> dict:
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
         "model_max_length": meta.get("llama.context_length", 2048),
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": "PreTrainedTokenizerFast",  # GPT2Tokenizer would make transformers 5 rebuild its own pre-tokenizer, dropping the digit split
     }
     for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"), ("padding", "pad_token")):
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
