@@ -47,7 +47,7 @@ def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) ->
         with open(file, encoding="utf-8") as f:
             return f.read()
     text = given[0]
-    return click.get_text_stream("stdin").read() if text == "-" else text
+    return sys.stdin.read() if text == "-" else text
 
 
 def build_run(model, text: str, chat: bool, system: str | None, **options):

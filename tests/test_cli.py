@@ -1,0 +1,194 @@
+"""`minigen generate` and `minigen info` through click's CliRunner."""
+import json
+import shutil
+import sys
+import types
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import minigen
+from minigen.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference.npz"))
+GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is the function
+
+
+@lru_cache(maxsize=None)
+def fixture(name):
+    return minigen.load(FIXTURES / name), dict(np.load(FIXTURES / name / "reference.npz"))
+
+
+def cli(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def gen(name, *args, input=None):
+    return cli("generate", "--model", FIXTURES / name, *args, input=input)
+
+
+def greedy_text(name, n=20):
+    model, ref = fixture(name)
+    return model.tokenizer.decode(ref["greedy_ids"][:n])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_equals_hf(name):
+    _, ref = fixture(name)
+    r = gen(name, "-p", str(ref["prompt"]), "-m", 20, "--ignore-eos", "--temp", 0, "-q")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == greedy_text(name) and r.stderr == ""
+
+
+def test_prompt_sources(tmp_path):
+    _, ref = fixture("qwen2")
+    prompt, want = str(ref["prompt"]), greedy_text("qwen2", 5)
+    (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
+    for args, stdin in [((prompt,), None), (("-p", prompt), None), (("-p", "-"), prompt),
+                        (("-f", tmp_path / "p.txt"), None), (("--file", tmp_path / "p.txt"), None)]:
+        r = gen("qwen2", *args, "-n", 5, "--ignore-eos", "-q", input=stdin)
+        assert (r.exit_code, r.stdout) == (0, want), args
+    for args in [(), (prompt, "-p", prompt)]:
+        r = gen("qwen2", *args)
+        assert r.exit_code == 2 and "--prompt" in r.output
+    assert gen("qwen2", "-f", tmp_path / "missing.txt").exit_code == 2
+
+
+def test_max_tokens_aliases():
+    _, ref = fixture("gpt2")
+    for flag in ("-m", "-n", "--max-tokens"):
+        r = gen("gpt2", str(ref["prompt"]), flag, 3, "--ignore-eos", "-q")
+        assert r.stdout == greedy_text("gpt2", 3)
+
+
+def test_sampling_flags_match_api():
+    model, ref = fixture("llama_gqa3")
+    prompt = str(ref["prompt"])
+    flags = dict(temp=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.3, repeat_last_n=16, seed=11)
+    args = [a for k, v in flags.items() for a in ("--" + k.replace("_", "-"), v)]
+    r1, r2 = (gen("llama_gqa3", prompt, *args, "-m", 12, "--ignore-eos", "-q") for _ in range(2))
+    assert r1.exit_code == 0 and r1.stdout == r2.stdout
+    assert r1.stdout == minigen.generate(model, prompt, max_tokens=12, ignore_eos=True, **flags)
+    other = gen("llama_gqa3", prompt, *args[:-1], 12, "-m", 12, "--ignore-eos", "-q")
+    assert other.stdout != r1.stdout
+
+
+def test_stop_repeatable():
+    _, ref = fixture("llama_gqa3")
+    full = greedy_text("llama_gqa3")
+    a, b = full[6:9], full[12:15]
+    r = gen("llama_gqa3", str(ref["prompt"]), "-m", 20, "--ignore-eos", "-q", "--stop", b, "--stop", a)
+    assert r.exit_code == 0 and r.stdout == full[:full.index(a)]
+
+
+@pytest.fixture()
+def eos_checkpoint(tmp_path):
+    """llama_gqa3 with its generation_config's eos_token_id set to a token greedy decoding reaches."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(FIXTURES / "llama_gqa3", path)
+    greedy = fixture("llama_gqa3")[1]["greedy_ids"].tolist()
+    k = next(i for i in range(3, 20) if greedy[i] not in greedy[:i])
+    gc = json.loads((path / "generation_config.json").read_text())
+    gc["eos_token_id"] = [greedy[k], 0]
+    (path / "generation_config.json").write_text(json.dumps(gc))
+    return path, k
+
+
+def test_eos_and_ignore_eos(eos_checkpoint):
+    path, k = eos_checkpoint
+    prompt = str(fixture("llama_gqa3")[1]["prompt"])
+    r = cli("generate", "--model", path, prompt, "-m", 20, "-q")
+    assert r.exit_code == 0 and r.stdout == greedy_text("llama_gqa3", k)
+    r = cli("generate", "--model", path, prompt, "-m", 20, "-q", "--ignore-eos")
+    assert r.stdout == greedy_text("llama_gqa3", 20)
+
+
+def test_chat_and_system():
+    model, ref = fixture("qwen2")
+    ids = model.tokenizer.encode(str(ref["chat_text"]), add_special_tokens=False)  # transformers' rendering
+    want = model.tokenizer.decode([s.token for s in GENERATE.generate_step(model, ids, max_tokens=6)])
+    r = gen("qwen2", "Say hello in French, please.", "--system", "You are a tiny test model.", "-m", 6,
+            "--ignore-eos", "-q")
+    assert r.exit_code == 0 and r.stdout == want
+    r2 = gen("qwen2", "Say hello in French, please.", "--chat", "-m", 6, "--ignore-eos", "-q", "-v")
+    assert r2.exit_code == 0 and r2.stdout == minigen.generate(model, "Say hello in French, please.", chat=True,
+                                                               max_tokens=6, ignore_eos=True)
+    r3 = gen("gpt2", "hi", "--chat")
+    assert r3.exit_code == 1 and "chat template" in r3.stderr and "Traceback" not in r3.output
+
+
+def test_context_full_and_prompt_too_long():
+    _, ref = fixture("gpt2")
+    prompt, n = str(ref["prompt"]), len(ref["input_ids"])
+    r = gen("gpt2", prompt, "--max-context", n + 2, "-m", 50, "--ignore-eos")
+    assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 3)
+    assert "context is full" in r.stderr
+    r = gen("gpt2", prompt, "--max-context", n - 1)
+    assert r.exit_code == 1 and "longer than the context" in r.stderr and "Traceback" not in r.output
+
+
+def test_figures_quiet_verbose():
+    r = gen("gpt2", "hello", "-m", 4, "--ignore-eos")
+    assert r.exit_code == 0
+    for word in ("prompt:", "tokens/s", "generation: 4 tokens", "load:", "peak memory:"):
+        assert word in r.stderr
+    assert gen("gpt2", "hello", "-m", 4, "--quiet").stderr == ""
+    v = gen("gpt2", "hello", "-m", 4, "--verbose", "--ignore-eos")
+    assert "temp 0.0" in v.stderr and "finish: length" in v.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--max-tokens", -1), ("-n", -5), ("--temp", -0.5), ("--top-p", 0),
+                                         ("--top-p", 1.5), ("--top-k", -1), ("--min-p", 2),
+                                         ("--repeat-penalty", 0), ("--repeat-last-n", -1), ("--max-context", 0),
+                                         ("--seed", "abc"), ("--temp", "hot")])
+def test_bad_flags_are_usage_errors(flag, value):
+    r = gen("gpt2", "hi", flag, value)
+    assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output
+
+
+def test_unknown_model_path(tmp_path):
+    r = cli("generate", "--model", tmp_path / "nope", "hi")
+    assert r.exit_code == 1 and r.stderr.startswith("minigen: error:") and len(r.stderr.splitlines()) == 1
+    r = cli("info", "--model", tmp_path / "nope")
+    assert r.exit_code == 1 and "nope" in r.stderr
+
+
+def test_default_model(monkeypatch):
+    fake = types.ModuleType("minigen.default_model")
+    fake.default_model_path = lambda: FIXTURES / "gpt2"
+    monkeypatch.setitem(sys.modules, "minigen.default_model", fake)
+    _, ref = fixture("gpt2")
+    r = cli("generate", str(ref["prompt"]), "-m", 5, "--ignore-eos", "-q")
+    assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 5)
+    assert "gpt2" in cli("info").stdout
+
+
+def test_ctrl_c_keeps_text_prints_figures_exits_130(monkeypatch):
+    real = GENERATE.generate_step
+
+    def interrupted(*args, **kwargs):
+        for i, step in enumerate(real(*args, **kwargs)):
+            if i == 4:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(GENERATE, "generate_step", interrupted)
+    _, ref = fixture("gpt2")  # byte-level pieces: every greedy token here is printed as it comes
+    r = gen("gpt2", str(ref["prompt"]), "-m", 20, "--ignore-eos")
+    assert r.exit_code == 130
+    assert greedy_text("gpt2", 20).startswith(r.stdout) and len(r.stdout) > 0
+    assert "generation: 4 tokens" in r.stderr
+
+
+def test_info():
+    r = cli("info", "--model", FIXTURES / "llama_gqa3")
+    assert r.exit_code == 0
+    c = fixture("llama_gqa3")[0].config
+    for text in ("llama", "LlamaForCausalLM", f"{c.n_heads} query, {c.n_kv_heads} key/value", "chat template:     yes",
+                 f"{c.max_position_embeddings} tokens", "float32", "parameters"):
+        assert text in r.stdout
+    assert "chat template:     no" in cli("info", "--model", FIXTURES / "gpt2").stdout
