@@ -116,11 +116,20 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
 @click.option("--max-context", type=click.IntRange(min=1), help="Context size in tokens (default: the model's).")
 @click.option("-q", "--quiet", is_flag=True, help="No figures on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after.")
+@click.option("--dump-attention", "dump_path", metavar="OUT.npz",
+              help="Save every attention weight of the run (prompt and generated rows) as .npz.")
+@click.option("--attn-layers", metavar="0,5-7", help="Layers to dump (default all).")
+@click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
+@click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
+@click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
 def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **options):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
+    dump = pop_dump_options(options)  # --dump-attention & co: see the attention section (issue 5)
     text = read_prompt(prompt, prompt_opt, file)
     model, load_seconds = load_model(model_path)
-    run = build_run(model, text, chat, system, **options)
+    run = build_run(model, text, chat, system, record_attention=dump is not None, **options)
+    if dump is not None:
+        sys.exit(generate_with_dump(run, load_seconds, quiet, verbose, dump))
     sys.exit(print_run(run, load_seconds, quiet, verbose))
 
 
@@ -177,6 +186,43 @@ def convert(source, out_dir, dtype):
 
 
 # --- attention, trace (issue 5) -------------------------------------------------------------
+
+def pop_dump_options(options: dict) -> dict | None:
+    """Take generate's --dump-attention options out of `options`; check the path before any work."""
+    from .inspect.dump import check_dump_path
+    dump = {k: options.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_verify")}
+    if dump["dump_path"] is None:
+        if any(v for k, v in dump.items() if k != "dump_path"):
+            raise click.UsageError("--attn-layers, --attn-heads, --attn-dtype and --attn-verify go with --dump-attention")
+        return None
+    check_dump_path(dump["dump_path"])
+    return dump
+
+
+def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dump: dict) -> int:
+    """print_run with the attention of every step collected; the file is written only if the run ends."""
+    from .inspect.dump import GenerationDump
+    from .inspect.internals import verify_rows
+    max_tokens = min(run.options.max_tokens, run.max_context - len(run.prompt) + 1)
+    with GenerationDump(run.model, dump["dump_path"], run.prompt, max_tokens, dump["attn_layers"],
+                        dump["attn_heads"], dump["attn_dtype"]) as d:
+        run.on_step.append(d.on_step)
+        code = print_run(run, load_seconds, quiet, verbose)
+        if code != 0:
+            click.echo("minigen: interrupted: no attention dump written", err=True)
+            return code
+        out = d.finish()
+    T = len(out["token_ids"])
+    click.echo(f"attention: wrote {out['path']} ({len(d.layers)} layers x {len(d.heads)} heads x {T}x{T} "
+               f"{d.dtype.name}; prompt {len(run.prompt)} tokens)", err=True)
+    if dump["attn_verify"]:
+        err = verify_rows(run.model, out["token_ids"], out["matrices"], d.heads)
+        tol = 1e-4 if d.dtype.itemsize == 4 else 2e-3
+        if err > tol:
+            raise MinigenError(f"--attn-verify: dumped rows differ from the uncached recomputation by {err:.2e} (> {tol:g})")
+        click.echo(f"attention verify: all {T} rows match an uncached recomputation (max |diff| {err:.1e})", err=True)
+    return 0
+
 
 def _inspect_model(path):
     """--model PATH, or the default model when it is not given (generate's load_model)."""

@@ -56,7 +56,8 @@ def expected_bytes(n_layers: int, n_heads: int, T: int, dtype) -> int:
     return n_layers * n_heads * T * T * np.dtype(dtype).itemsize
 
 
-def check_budget(n_layers: int, n_heads: int, T: int, dtype, budget: int = BUDGET):
+def check_budget(n_layers: int, n_heads: int, T: int, dtype, budget: int | None = None):
+    budget = BUDGET if budget is None else budget
     size = expected_bytes(n_layers, n_heads, T, dtype)
     if size > budget:
         raise MinigenError(
@@ -197,7 +198,7 @@ class GenerationDump:
     """
 
     def __init__(self, model, path, prompt_ids, max_tokens: int, layers: str | None = None,
-                 heads: str | None = None, dtype: str | None = None, budget: int = BUDGET):
+                 heads: str | None = None, dtype: str | None = None, budget: int | None = None):
         c = model.config
         self.model, self.prompt = model, [int(i) for i in prompt_ids]
         self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
@@ -231,3 +232,9 @@ class GenerationDump:
         mats = self.recorder.matrices()
         self.file.write(mats, ids, len(self.prompt), meta)
         return {"token_ids": ids, "matrices": mats, "meta": meta, "path": self.file.path}
+
+
+def check_dump_path(path):
+    """Fail now, before any work, if the dump cannot be written there (nothing is left behind)."""
+    with DumpFile(path):
+        pass

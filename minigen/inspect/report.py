@@ -45,12 +45,12 @@ def format_topk(weights: np.ndarray, tokens: list[str], i: int, k: int = 10, wid
     """Bar chart of the k largest weights of one query row (keys 0..i)."""
     row = np.asarray(weights[: i + 1], dtype=np.float64)
     order = np.argsort(-row, kind="stable")[:k]
-    w = max(len(label(tokens[j])) for j in order) + 2
+    w = max(len(label(tokens[j])) for j in order) + 4
     lines = []
     for j in order:
         n = row[j] * width
         bar = "█" * int(n) + ("▌" if n - int(n) >= 0.5 else "")
-        lines.append(f"  {j:5d} {('' + label(tokens[j]) + '').ljust(w)} {100 * row[j]:6.2f}%  {bar}")
+        lines.append(f"  {j:5d} {repr(label(tokens[j])).ljust(w)} {100 * row[j]:6.2f}%  {bar}")
     rest = 1.0 - row[order].sum()
     if len(order) < len(row):
         lines.append(f"  {'':5s} {'(others)'.ljust(w)} {100 * rest:6.2f}%")

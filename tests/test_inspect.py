@@ -1,0 +1,249 @@
+"""Attention dumps, census statistics, the induction probe, the HTML page, and bad input (issue 5)."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import minigen
+from minigen.cli import main
+from minigen.errors import MinigenError
+from minigen.inspect import census, head_stats, induction_score, load_attention, render_html
+from minigen.inspect.dump import Recorder, check_budget, parse_selection
+from minigen.inspect.internals import induction_probe, prompt_attention
+
+from conftest import FIXTURES, FIXTURES_DIR, load_reference
+from inspect_fixture import make_induction_gpt2
+
+PROMPT = "The cat sat on the mat. The cat sat on the"
+
+
+def cli(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def causal_uniform(T):
+    a = np.tril(np.ones((T, T)))
+    return a / a.sum(-1, keepdims=True)
+
+
+# --- statistics on hand-built patterns --------------------------------------------------------------
+
+def test_census_on_hand_built_patterns():
+    T = 12
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1                                       # row 0 can only look at itself
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1
+    pats = np.stack([prev, causal_uniform(T), sink, np.eye(T)])
+    s = head_stats(pats)
+    assert s["prev"][0] == pytest.approx(1)               # a pure previous-token head
+    assert s["prev"][3] == 0 and s["prev"][1] < 0.5
+    assert s["entropy"][1] == pytest.approx(1)          # uniform over the visible keys
+    assert s["entropy"][0] == pytest.approx(0) and s["entropy"][2] == pytest.approx(0)
+    assert s["sink"][2] == pytest.approx(1)              # all on the first token
+    assert s["self"][3] == pytest.approx(1) and s["self"][0] == 0
+    assert s["max"][0] == pytest.approx(1) and s["max"][1] < 0.5
+    table = census({0: pats[:2], 3: pats[2:]})
+    assert table["sink"].shape == (2, 2) and table["sink"][1, 0] == pytest.approx(1)
+
+
+def test_induction_score_on_hand_built_pattern():
+    n, T = 5, 11                                          # BOS + r + r
+    a = causal_uniform(T)
+    q = np.arange(T - n, T)
+    a[q] = 0
+    a[q, q - n + 1] = 1                                   # each second-repeat token -> after its first copy
+    assert induction_score(a, n) == pytest.approx(1)
+    assert induction_score(causal_uniform(T), n) < 0.2
+
+
+def test_selection_and_budget():
+    assert parse_selection("0,5-7", 30, "layer", "--attn-layers") == [0, 5, 6, 7]
+    assert parse_selection("-1", 30, "layer", "--attn-layers") == [29]
+    assert parse_selection(None, 3, "head", "--attn-heads") == [0, 1, 2]
+    with pytest.raises(MinigenError, match="out of range"):
+        parse_selection("30", 30, "layer", "--attn-layers")
+    with pytest.raises(MinigenError, match="--attn-layers"):
+        check_budget(30, 9, 5000, np.float32)
+
+
+# --- dumps equal the references ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_prompt_attention_equals_reference(name):
+    ref = load_reference(name)
+    rec = prompt_attention(minigen.load(FIXTURES_DIR / name), ref["input_ids"])
+    np.testing.assert_allclose(np.stack(rec), ref["attentions"], atol=1e-5, rtol=0)
+
+
+def test_attention_dump_cli_equals_reference(tmp_path):
+    name = "llama_gqa3"                                   # GQA: checks HF's head order h -> h // group
+    ref = load_reference(name)
+    model = minigen.load(FIXTURES_DIR / name)
+    prompt = model.tokenizer.decode(ref["input_ids"][1:])
+    out = tmp_path / "p.npz"
+    r = cli("attention", prompt, "--model", FIXTURES_DIR / name, "--dump-attention", out)
+    assert r.exit_code == 0, r.output
+    d = load_attention(out)
+    ids = d["token_ids"]
+    ref_rec = prompt_attention(model, ids)
+    for l, a in d["layers"].items():
+        np.testing.assert_allclose(a, ref_rec[l], atol=1e-6)
+    if np.array_equal(ids, ref["input_ids"]):
+        np.testing.assert_allclose(np.stack([d["layers"][l] for l in sorted(d["layers"])]), ref["attentions"], atol=1e-5)
+    assert d["meta"]["head_to_kv_head"] == [h // 3 for h in range(9)]
+
+
+def generate_dump(tmp_path, name, *extra, max_tokens=8):
+    out = tmp_path / "gen.npz"
+    r = cli("generate", "Once upon a time", "--model", FIXTURES_DIR / name, "-n", max_tokens, "--temp", 0,
+            "--ignore-eos", "-q", "--dump-attention", out, *extra)
+    assert r.exit_code == 0, r.output
+    return out, r
+
+
+@pytest.mark.parametrize("name", ["llama_gqa3", "mistral_sliding", "gpt2"])
+def test_generation_dump_rows_equal_uncached(tmp_path, name):
+    out, _ = generate_dump(tmp_path, name)
+    d = load_attention(out)
+    model = minigen.load(FIXTURES_DIR / name)
+    ids, P = d["token_ids"], d["prompt_length"]
+    assert len(ids) == P + 8 - 1                          # the last generated token has no row
+    assert d["meta"]["final_token"] is not None and "no row" in d["meta"]["note"]
+    full = prompt_attention(model, ids)                   # the whole sequence, no cache
+    for l, a in d["layers"].items():
+        assert a.dtype == np.float32 and a.shape == (model.config.n_heads, len(ids), len(ids))
+        np.testing.assert_allclose(a, full[l], atol=2e-6)
+        assert np.all(a[:, np.triu_indices(len(ids), 1)[0], np.triu_indices(len(ids), 1)[1]] == 0)
+        np.testing.assert_allclose(a.sum(-1), 1, atol=1e-5)
+    with np.load(out) as z:                               # numpy alone reads it
+        meta = json.loads(str(z["meta"]))
+    assert {"tokens", "model_path", "architecture", "n_layers", "n_heads", "n_kv_heads", "head_to_kv_head",
+            "layers", "heads", "dtype"} <= set(meta)
+
+
+def test_generation_dump_selection_dtype_verify(tmp_path):
+    out, r = generate_dump(tmp_path, "llama_gqa3", "--attn-layers", "0,2", "--attn-heads", "1-3,8",
+                           "--attn-dtype", "float16", "--attn-verify")
+    assert "verify" in r.output and "match" in r.output
+    with np.load(out) as z:
+        assert sorted(k for k in z.files if k.startswith("attention_")) == ["attention_0", "attention_2"]
+        assert z["attention_0"].dtype == np.float16 and z["attention_0"].shape[0] == 4
+    assert load_attention(out)["heads"] == [1, 2, 3, 8]
+    assert [p.name for p in tmp_path.iterdir()] == ["gen.npz"]      # no temporary left
+
+
+def test_dump_over_budget_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("minigen.inspect.dump.BUDGET", 100_000)    # the fixtures are far below 1 GiB
+    out = tmp_path / "big.npz"
+    r = cli("generate", "hi", "--model", FIXTURES_DIR / "gpt2", "-n", 100, "-q", "--dump-attention", out)
+    assert_clean_failure(r, "--attn-layers", "--attn-heads", "--attn-dtype", "budget")
+    assert r.stdout == ""                                           # refused before generating
+    assert not list(tmp_path.iterdir())
+
+
+# --- the induction probe on a checkpoint built to have one ---------------------------------------
+
+@pytest.fixture(scope="module")
+def induction_model(tmp_path_factory):
+    return make_induction_gpt2(tmp_path_factory.mktemp("induction"))
+
+
+def test_induction_probe_finds_the_induction_head(induction_model):
+    model = minigen.load(induction_model)
+    ids, n, scores = induction_probe(model)
+    assert np.array_equal(ids[:n], ids[n:])
+    assert np.unravel_index(scores.argmax(), scores.shape) == (1, 0)
+    assert scores[1, 0] > 0.85 and scores[0].max() < 0.2 and scores[1, 1] < 0.2
+    r = cli("attention", "a b c d e f g h", "--model", induction_model, "--probe", "induction")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert any(l.split()[:2] == ["previous-token", "heads"] and l.split()[2].startswith("0.0") for l in lines)
+    assert any("induction heads" in l and l.split()[-2] == "1.0" or "induction heads" in l and "1.0 0.9" in l for l in lines)
+    row = next(l.split() for l in lines if l.split()[:2] == ["0", "0"])
+    assert float(row[5]) == pytest.approx(1, abs=1e-3)    # prev column of layer 0 head 0
+    row = next(l.split() for l in lines if l.split()[:2] == ["0", "1"])
+    assert float(row[2]) == pytest.approx(1, abs=1e-3)    # entropy of the zero head: uniform
+
+
+# --- the terminal and the page ------------------------------------------------------------------------
+
+def test_topk_bars():
+    r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--layer", 1, "--head", 2, "--token", 5, "-k", 3)
+    assert r.exit_code == 0, r.output
+    bars = [l for l in r.output.splitlines() if "%" in l]
+    assert len(bars) == 4 and "█" in r.output             # three bars and "(others)"
+
+
+def test_html_is_self_contained(tmp_path):
+    out, _ = generate_dump(tmp_path, "llama_gqa3", max_tokens=5)
+    page = tmp_path / "a.html"
+    r = cli("attention", "--from", out, "--html", page, "--layer", 1, "--head", 4)
+    assert r.exit_code == 0, r.output
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text and "<script src" not in text and "<link" not in text
+    data = json.loads(text.split('<script type="application/json" id="data">')[1].split("</script>")[0])
+    assert data["prompt_length"] == load_attention(out)["prompt_length"] and data["select"] == [1, 4]
+    assert len(data["weights"]) == 3 and len(data["tokens"]) == len(load_attention(out)["token_ids"])
+    assert "hide first token" in text
+
+
+def test_render_html_round_trips_weights():
+    import base64
+    a = np.stack([causal_uniform(4), np.eye(4)])[None][0]
+    page = render_html({0: a}, [0, 1], list("abcd"))
+    data = json.loads(page.split('id="data">')[1].split("</script>")[0])
+    w = np.frombuffer(base64.b64decode(data["weights"][0]), "<f2").astype(np.float32)
+    i, j = np.tril_indices(4)
+    np.testing.assert_allclose(w, a[:, i, j].ravel(), atol=1e-3)
+
+
+# --- bad input: short message, non-zero exit, no traceback, no file --------------------------------
+
+def assert_clean_failure(r, *words):
+    assert r.exit_code != 0
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    for w in words:
+        assert w in r.output, r.output
+
+
+@pytest.mark.parametrize("where", ["missing", "readonly", "isdir"])
+def test_bad_dump_path_fails_before_generating(tmp_path, where):
+    if where == "missing":
+        out = tmp_path / "nope" / "x.npz"
+    elif where == "isdir":
+        out = tmp_path
+    else:
+        out = Path("/sys/minigen-test.npz")
+        if os.access("/sys", os.W_OK) and not Path("/sys").is_mount():
+            pytest.skip("no read-only directory available")
+    r = cli("generate", "hello", "--model", FIXTURES_DIR / "gpt2", "-n", 3, "-q", "--dump-attention", out)
+    assert_clean_failure(r, str(out))
+    assert r.output.startswith("minigen: error:") and r.output.count("\n") == 1
+    assert not out.exists() or out.is_dir()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_bad_dump_path_on_attention(tmp_path):
+    out = tmp_path / "missing" / "x.npz"
+    r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--dump-attention", out)
+    assert_clean_failure(r, "does not exist")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--layer", 7, "--head", 0, "--token", 1], ["--layer 7"]),
+    (["--layer", 0, "--head", 9, "--token", 1], ["--head 9"]),
+    (["--layer", 0, "--head", 0, "--token", 400], ["--token 400", "past the prompt"]),
+    (["--attn-layers", "0-5"], ["--attn-layers"]),
+])
+def test_bad_attention_arguments(args, words):
+    r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", *args)
+    assert_clean_failure(r, *words)
+
+
+def test_from_missing_dump(tmp_path):
+    assert_clean_failure(cli("attention", "--from", tmp_path / "no.npz"), "no such attention dump")
