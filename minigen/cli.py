@@ -346,8 +346,8 @@ def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_
             for line in format_topk(a[i], tokens, i, top_k):
                 click.echo(line)
             return
-        if html_path and dump_path is None and not probe and layer is None:
-            return  # asked for the picture only
+        if (html_path or dump_path) and not probe:
+            return  # asked for files; --probe (or no file flags) prints the census
         table = census(layers)
         if probe:
             pm = model or _inspect_model(model_path or _dump_model_path(from_path))

@@ -61,6 +61,7 @@ _PAGE = r"""<!doctype html>
  main { display: flex; gap: 16px; padding: 12px 16px; align-items: flex-start; }
  #grid { border-collapse: collapse; }
  #grid th { font-weight: normal; color: #666; font-size: 11px; padding: 1px 4px; }
+ #grid tr:first-child th { position: sticky; top: 0; background: #fafafa; z-index: 1; }
  #grid td { padding: 2px; }
  #grid canvas { width: 48px; height: 48px; image-rendering: pixelated; border: 2px solid #ddd;
                 cursor: pointer; display: block; background: #fff; }
@@ -69,6 +70,7 @@ _PAGE = r"""<!doctype html>
  #zoom { position: sticky; top: 12px; background: #fff; border: 1px solid #ddd; padding: 8px; }
  #zoom h2 { font-size: 14px; margin: 0 0 6px; }
  #info { font-family: ui-monospace, monospace; font-size: 12px; min-height: 1.4em; color: #333; }
+ .legend { margin-left: 16px; color: #444; }
  .legend span { display: inline-block; width: 12px; height: 10px; margin-right: 4px; vertical-align: middle; }
 </style></head>
 <body>
@@ -213,11 +215,13 @@ document.getElementById("hide").onchange = e => { state.hide = e.target.checked;
 document.getElementById("sqrt").onchange = e => { state.sqrt = e.target.checked; draw(true); };
 (function legend() {
   const el = document.getElementById("legend");
-  el.innerHTML = "weight " + [0, 0.25, 0.5, 0.75, 1].map(w => {
+  el.innerHTML = "colour = weight: " + [0, 0.25, 0.5, 0.75, 1].map(w => {
     const [r, g, b] = colour(w); return '<span style="background:rgb(' + r + ',' + g + ',' + b + ')"></span>' + w;
   }).join(" ") + (PL !== null ? '  <b style="color:#d62728">│ prompt / generated</b>' : "");
 })();
 function draw(all) { if (all) paintThumbs(); drawHeat(); }
 paintThumbs(); drawHeat();
+{ const c = thumbs[Math.max(0, D.layers.indexOf(state.layer))][Math.max(0, D.heads.indexOf(state.head))];
+  c.scrollIntoView({ block: "nearest" }); }
 </script></body></html>
 """
