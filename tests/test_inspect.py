@@ -247,3 +247,21 @@ def test_bad_attention_arguments(args, words):
 
 def test_from_missing_dump(tmp_path):
     assert_clean_failure(cli("attention", "--from", tmp_path / "no.npz"), "no such attention dump")
+
+
+def test_ctrl_c_leaves_no_dump(tmp_path, monkeypatch):
+    import sys
+    G = sys.modules["minigen.generate"]   # `minigen.generate` the attribute is the function
+    real = G.generate_step
+
+    def interrupted(*args, **kwargs):
+        for i, step in enumerate(real(*args, **kwargs)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(G, "generate_step", interrupted)
+    out = tmp_path / "x.npz"
+    r = cli("generate", "hello", "--model", FIXTURES_DIR / "gpt2", "-n", 10, "--dump-attention", out)
+    assert r.exit_code == 130 and "no attention dump written" in r.output
+    assert not list(tmp_path.iterdir())
