@@ -12,7 +12,7 @@ from ..attention import attend, causal_mask
 from ..errors import MinigenError
 from ..layers import apply_rope, rope_tables
 from .stats import induction_score, repeated_tokens
-from .trace import Steps, attention_steps
+from .trace import Steps, attention_steps, fmt_vec, format_steps
 
 
 def prompt_attention(model, ids) -> list[np.ndarray]:
@@ -151,7 +151,6 @@ def resolve_token(tokens: list[str], spec: str | int | None) -> int:
 
 def trace_lines(model, ids, layer: int, head: int, token: int, limit: int = 12, tol: float = 1e-4) -> tuple[list[str], bool]:
     """The seeds' walk-through on a real checkpoint for one head and one query token, ending with the check."""
-    from .trace import fmt_vec, format_steps  # noqa: E402 (kept local: trace.py stays model-free)
     cfg = model.config
     tokens = model.tokenizer.token_strings(ids)
     steps, own = trace_head(model, ids, layer, head)
