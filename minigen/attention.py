@@ -1,9 +1,11 @@
 """Scaled dot-product attention: softmax(Q Kᵀ / √d_k) · V, with its causal (and sliding) mask.
 
 `attend` is the formula and nothing else, so the seeds' worked examples run through it unchanged:
-plain 2-D arrays, no mask. The model calls it with grouped-query shapes — q (n_kv, group, T, d)
-against k, v (n_kv, 1, S, d) — so each KV head is shared by its query group through broadcasting,
-never copied per query head; query head h = kv * group + g reads KV head h // group, HF's order.
+plain 2-D arrays, no mask. `causal_attention` is how the model uses it: grouped-query shapes, the
+G query heads of a KV head stacked as G*T rows against that one K and V (shared, never copied per
+query head; query head h reads KV head h // G, HF's order), and long prompts cut into blocks of
+query rows so that keys a block cannot see (the future, or past the sliding window) are skipped
+rather than computed and masked.
 """
 from __future__ import annotations
 
@@ -14,8 +16,15 @@ NEG = np.finfo(np.float32).min  # masked score: exp(NEG - max) is exactly 0, and
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """exp(x - max) / sum: subtracting the row max keeps exp from overflowing."""
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    return _softmax_(np.array(x, dtype=np.result_type(x, np.float32)), axis)
+
+
+def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """softmax computed in place in x (a fresh scores array): no temporaries the size of x."""
+    x -= x.max(axis=axis, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=axis, keepdims=True)
+    return x
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
@@ -23,19 +32,51 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None 
     """q (..., T, d), k (..., S, d), v (..., S, dv); mask (T, S) boolean, True where a query may look.
     Returns (out (..., T, dv), weights (..., T, S))."""
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)  # (..., T, S)
+    scores = q @ np.swapaxes(k, -1, -2)                                       # (..., T, S)
+    if not np.issubdtype(scores.dtype, np.floating):
+        scores = scores.astype(np.float64)
+    scores *= np.asarray(scale, dtype=scores.dtype)
     if mask is not None:
-        scores = np.where(mask, scores, np.asarray(NEG, dtype=scores.dtype))
-    weights = softmax(scores)
+        np.copyto(scores, np.asarray(NEG, dtype=scores.dtype), where=~mask)
+    weights = _softmax_(scores)
     return weights @ v, weights
 
 
 def causal_mask(T: int, offset: int, window: int | None = None) -> np.ndarray:
     """(T, offset + T) boolean: query i (at absolute position offset + i) sees keys j <= offset + i,
     and with a sliding window only the last `window` of them (offset + i - j < window), as HF does."""
-    q_pos = np.arange(offset, offset + T)[:, None]
-    k_pos = np.arange(offset + T)[None, :]
+    return block_mask(offset, offset + T, 0, offset + T, window)
+
+
+def block_mask(q_start: int, q_stop: int, k_start: int, k_stop: int, window: int | None) -> np.ndarray:
+    """The causal (and sliding) mask for query positions [q_start, q_stop) against keys [k_start, k_stop)."""
+    q_pos = np.arange(q_start, q_stop)[:, None]
+    k_pos = np.arange(k_start, k_stop)[None, :]
     mask = k_pos <= q_pos
     if window is not None:
         mask &= q_pos - k_pos < window
     return mask
+
+
+BLOCK = 64  # query rows per block: big enough for BLAS, small enough that scores stay in cache
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
+                     want_weights: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """q (H, T, d) at positions offset.., k and v (KV, S, d) with S = offset + T, H = G * KV.
+    Returns out (H, T, d) and, when asked, the weights (H, T, S) with exact zeros where masked."""
+    (H, T, d), KV, S = q.shape, k.shape[0], k.shape[1]
+    G = H // KV
+    out = np.empty((H, T, v.shape[-1]), np.float32)
+    weights = np.zeros((H, T, S), np.float32) if want_weights else None
+    for start in range(0, T, BLOCK):
+        stop = min(T, start + BLOCK)
+        lo = 0 if window is None else max(0, offset + start - window + 1)   # first key any row sees
+        hi = offset + stop                                                    # one past the last
+        mask = None if stop - start == 1 else np.tile(block_mask(offset + start, offset + stop, lo, hi, window), (G, 1))
+        qb = q[:, start:stop].reshape(KV, G * (stop - start), d)              # (KV, G B, d)
+        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], mask)                    # (KV, G B, d), (KV, G B, hi - lo)
+        out[:, start:stop] = o.reshape(H, stop - start, -1)
+        if want_weights:
+            weights[:, start:stop, lo:hi] = w.reshape(H, stop - start, hi - lo)
+    return out, weights

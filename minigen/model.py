@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention import attend, causal_mask
+from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config, load_config
 from .errors import MinigenError
@@ -31,19 +31,33 @@ def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache],
             last_only: bool = False, record: list | None = None) -> np.ndarray:
     """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
     (H, T, S) to `record` when it is a list; the cache advances by T."""
-    T, offset = len(ids), cache[0].offset
-    positions = np.arange(offset, offset + T)
-    x = embed(params, cfg, ids, positions)                                   # (T, D)
-    rope = rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
-    masks = {kind: _mask(cfg, T, offset, kind) for kind in set(cfg.layer_types or ["full_attention"])}
-    for i, (p, layer_cache) in enumerate(zip(params["layers"], cache)):
-        mask = masks[cfg.layer_types[i] if cfg.layer_types else "full_attention"]
-        x = x + attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, layer_cache, rope, mask, record)
-        x = x + mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
+    x = hidden(params, cfg, ids, cache, record)                              # (T, D)
     if last_only:
         x = x[-1:]                                                           # (1, D)
-    x = norm(x, params, cfg, "final_norm")
-    return x @ params["lm_head"].T                                           # (T, V)
+    return norm(x, params, cfg, "final_norm") @ params["lm_head"].T          # (T, V)
+
+
+def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], record: list | None = None,
+           n_layers: int | None = None) -> np.ndarray:
+    """The residual stream (T, D) after the first n_layers layers (all of them by default)."""
+    positions = np.arange(cache[0].offset, cache[0].offset + len(ids))
+    x = embed(params, cfg, ids, positions)                                   # (T, D)
+    rope = rope_for(params, cfg, positions)
+    for i in range(cfg.n_layers if n_layers is None else n_layers):
+        p = params["layers"][i]
+        x = x + attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, window(cfg, i), record)
+        x = x + mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
+    return x
+
+
+def rope_for(params: dict, cfg: Config, positions: np.ndarray):
+    """(cos, sin) tables for these positions, or None for families with learned positions."""
+    return rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
+
+
+def window(cfg: Config, layer: int) -> int | None:
+    """The sliding window of this layer, or None for full causal attention."""
+    return cfg.sliding_window if cfg.is_sliding(layer) else None
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -78,17 +92,16 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
     return q, k, v
 
 
-def attention_block(x: np.ndarray, p: dict, cfg: Config, cache: KVCache, rope, mask,
+def attention_block(x: np.ndarray, p: dict, cfg: Config, cache: KVCache, rope, window: int | None,
                     record: list | None) -> np.ndarray:
-    T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
+    T, H, d = x.shape[0], cfg.n_heads, cfg.head_dim
     q, k, v = qkv_heads(x, p, cfg, rope)
+    offset = cache.offset
     k, v = cache.update_and_fetch(k, v)                                      # (KV, S, d)
-    # GQA by reshape: the G query heads of a KV head become G*T rows against that one K and V.
-    q = q.reshape(KV, G * T, d)                                              # (KV, G T, d)
-    out, weights = attend(q, k, v, None if mask is None else np.tile(mask, (G, 1)))
+    out, weights = causal_attention(q, k, v, offset, window, record is not None)  # (H, T, d), (H, T, S)
     if record is not None:
-        record.append(weights.reshape(H, T, -1))                            # (H, T, S)
-    out = out.reshape(H, T, d).transpose(1, 0, 2).reshape(T, H * d)          # (T, H d)
+        record.append(weights)
+    out = out.transpose(1, 0, 2).reshape(T, H * d)                           # (T, H d)
     return linear(out, p["wo"], p.get("bo"))
 
 
@@ -99,13 +112,6 @@ def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
     gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (T, 2F)
     F = gate_up.shape[-1] // 2
     return linear(act(gate_up[:, :F]) * gate_up[:, F:], p["w_down"], p.get("b_down"))
-
-
-def _mask(cfg: Config, T: int, offset: int, kind: str) -> np.ndarray | None:
-    window = cfg.sliding_window if kind == "sliding_attention" else None
-    if T == 1 and (window is None or offset < window):
-        return None  # one new token sees every cached key: nothing to mask
-    return causal_mask(T, offset, window)
 
 
 # --- the loaded model --------------------------------------------------------------------------------

@@ -141,3 +141,36 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
     expected = (bits["model.embed_tokens.weight"].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(mbf.params["embed"], expected)
     assert np.abs(mbf.params["embed"] - weights["model.embed_tokens.weight"]).max() < 0.01
+
+
+@pytest.mark.parametrize("offset,window", [(0, None), (7, None), (0, 20), (5, 70), (0, 1)])
+def test_blocked_causal_attention_equals_one_masked_softmax(offset, window):
+    # 150 query rows span three blocks; keys a block cannot see are skipped, not masked
+    from minigen.attention import BLOCK, causal_attention
+    rng = np.random.default_rng(0)
+    H, KV, T, d = 6, 2, 2 * BLOCK + 22, 8
+    q = rng.standard_normal((H, T, d)).astype(np.float32)
+    k, v = rng.standard_normal((2, KV, offset + T, d)).astype(np.float32)
+    out, weights = causal_attention(q, k, v, offset, window, want_weights=True)
+    # reference: every head against its KV head (h // G), one full mask
+    kv_of = np.arange(H) // (H // KV)
+    ref_out, ref_w = attend(q, k[kv_of], v[kv_of], causal_mask(T, offset, window))
+    np.testing.assert_allclose(weights, ref_w, atol=1e-6)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5)
+    assert np.all(weights[ref_w == 0] == 0)
+    out2, none = causal_attention(q, k, v, offset, window)
+    assert none is None and np.array_equal(out, out2)
+
+
+def test_long_prompt_cached_equals_uncached_with_sliding_window(tmp_path):
+    import json
+    cfg = {**tiny_checkpoint.CONFIG, "model_type": "mistral", "sliding_window": 50}
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "m", cfg=cfg))
+    ids = np.random.default_rng(2).integers(0, 64, 140)
+    full = model.logits(ids)
+    cache = model.make_cache(8)
+    steps = [model.forward(ids[:100], cache)] + [model.forward(ids[i:i + 1], cache) for i in range(100, 140)]
+    np.testing.assert_allclose(np.concatenate(steps), full, atol=1e-5)
+    # and the window really matters here
+    unwindowed = minigen.load(tiny_checkpoint.write(tmp_path / "l", cfg=tiny_checkpoint.CONFIG)).logits(ids)
+    assert np.abs(unwindowed[60:] - full[60:]).max() > 1e-3

@@ -10,7 +10,7 @@ import numpy as np
 from .. import model as M
 from ..attention import attend, causal_mask
 from ..errors import MinigenError
-from ..layers import apply_rope, rope_tables
+from ..layers import apply_rope
 from .stats import induction_score, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps
 
@@ -23,28 +23,15 @@ def prompt_attention(model, ids) -> list[np.ndarray]:
 
 
 def hidden_before(model, ids, layer: int) -> tuple[np.ndarray, tuple | None]:
-    """The residual stream entering `layer` (T, D), and the RoPE tables (cos, sin) or None.
-
-    The same loop as model.forward, stopped before `layer`.
-    """
+    """The residual stream entering `layer` (T, D), and the RoPE tables (cos, sin) or None."""
     cfg, params = model.config, model.params
     ids = np.asarray(ids)
-    T = len(ids)
-    positions = np.arange(T)
-    x = M.embed(params, cfg, ids, positions)                                 # (T, D)
-    rope = rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
-    cache = model.make_cache(T)
-    for i in range(layer):
-        p = params["layers"][i]
-        mask = _layer_mask(cfg, i, T)
-        x = x + M.attention_block(M.norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, mask, None)
-        x = x + M.mlp_block(M.norm(x, p, cfg, "mlp_norm"), p, cfg)
-    return x, rope
+    x = M.hidden(params, cfg, ids, model.make_cache(len(ids)), n_layers=layer)   # (T, D)
+    return x, M.rope_for(params, cfg, np.arange(len(ids)))
 
 
 def _layer_mask(cfg, layer: int, T: int) -> np.ndarray:
-    sliding = cfg.layer_types and cfg.layer_types[layer] == "sliding_attention"
-    return causal_mask(T, 0, cfg.sliding_window if sliding else None)
+    return causal_mask(T, 0, M.window(cfg, layer))
 
 
 def head_weights(model, layer: int, head: int) -> dict:
@@ -85,7 +72,7 @@ def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
     out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)))
     out = out.reshape(H, T, d)                                               # (H, T, d)
     # the same heads through o_proj must give the model's attention block output
-    block = M.attention_block(x, p, cfg, model.make_cache(T)[layer], rope, mask, None)
+    block = M.attention_block(x, p, cfg, model.make_cache(T)[layer], rope, M.window(cfg, layer), None)
     block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
     return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
 
