@@ -47,10 +47,12 @@ def worker_minigen(args) -> dict:
     ids = prompt_ids(model.tokenizer, args.prompt_tokens)
     prefill, decode, tokens = [], [], None
     for _ in range(args.runs):
-        steps = list(generate_step(model, ids, max_tokens=args.gen_tokens + 1))  # greedy, EOS ignored
-        prefill.append(len(ids) / steps[0].seconds)
-        decode.append(args.gen_tokens / sum(s.seconds for s in steps[1:]))
-        tokens = [s.token for s in steps]
+        seconds, tokens = [], []  # keep no Step: each holds its (V,) logits
+        for step in generate_step(model, ids, max_tokens=args.gen_tokens + 1):  # greedy, EOS ignored
+            seconds.append(step.seconds)
+            tokens.append(step.token)
+        prefill.append(len(ids) / seconds[0])
+        decode.append(args.gen_tokens / sum(seconds[1:]))
     return dict(load_s=load_s, prefill=prefill, decode=decode, tokens=tokens, rss_mb=peak_rss_mb(),
                 weight_mb=weight_bytes(model) / 2**20, roofline_s=roofline(model, np, args.runs * 5))
 
