@@ -1,0 +1,161 @@
+"""The config.json files of the checkpoints users really download (tests/real_configs/, see its
+README.md), read by minigen the way a person reads them by hand; scaled-down copies of each
+written under the real checkpoint's tensor names and file layout load and run; and the
+tests/fixtures/real_* checkpoints (scripts/make_real_config_fixtures.py) match transformers.
+
+The expected numbers below are written by hand from the real config.json files, not computed.
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minigen
+from minigen.config import load_config
+
+sys.path.insert(0, str(Path(__file__).parent / "real_configs"))
+import shrink  # noqa: E402
+
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+
+LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192.0}
+
+# name: layers, heads, kv heads, head_dim, hidden, intermediate, vocab, rope theta, rope scaling,
+#       tied, sliding window (None = full attention on every layer), activation, eos ids, norm eps
+EXPECTED = {
+    "gpt2": dict(layers=12, heads=12, kv=12, hd=64, hidden=768, inter=3072, vocab=50257, theta=None,
+                 scaling=None, tied=True, window=None, act="gelu_new", eos=(50256,), eps=1e-5),
+    "distilgpt2": dict(layers=6, heads=12, kv=12, hd=64, hidden=768, inter=3072, vocab=50257, theta=None,
+                       scaling=None, tied=True, window=None, act="gelu_new", eos=(50256,), eps=1e-5),
+    "SmolLM2-135M": dict(layers=30, heads=9, kv=3, hd=64, hidden=576, inter=1536, vocab=49152, theta=100000.0,
+                         scaling=None, tied=True, window=None, act="silu", eos=(0,), eps=1e-5),
+    "SmolLM2-135M-Instruct": dict(layers=30, heads=9, kv=3, hd=64, hidden=576, inter=1536, vocab=49152,
+                                  theta=100000.0, scaling=None, tied=True, window=None, act="silu", eos=(2,), eps=1e-5),
+    "SmolLM2-360M": dict(layers=32, heads=15, kv=5, hd=64, hidden=960, inter=2560, vocab=49152, theta=100000.0,
+                         scaling=None, tied=True, window=None, act="silu", eos=(0,), eps=1e-5),
+    "SmolLM2-1.7B-Instruct": dict(layers=24, heads=32, kv=32, hd=64, hidden=2048, inter=8192, vocab=49152,
+                                  theta=130000.0, scaling=None, tied=True, window=None, act="silu", eos=(2,), eps=1e-5),
+    "SmolLM-135M": dict(layers=30, heads=9, kv=3, hd=64, hidden=576, inter=1536, vocab=49152, theta=10000.0,
+                        scaling=None, tied=True, window=None, act="silu", eos=(0,), eps=1e-5),
+    "Qwen2.5-0.5B": dict(layers=24, heads=14, kv=2, hd=64, hidden=896, inter=4864, vocab=151936, theta=1e6,
+                         scaling=None, tied=True, window=None, act="silu", eos=(151643,), eps=1e-6),
+    "Qwen2.5-0.5B-Instruct": dict(layers=24, heads=14, kv=2, hd=64, hidden=896, inter=4864, vocab=151936,
+                                  theta=1e6, scaling=None, tied=True, window=None, act="silu", eos=(151645,), eps=1e-6),
+    "Qwen2.5-1.5B-Instruct": dict(layers=28, heads=12, kv=2, hd=128, hidden=1536, inter=8960, vocab=151936,
+                                  theta=1e6, scaling=None, tied=True, window=None, act="silu", eos=(151645,), eps=1e-6),
+    "Qwen2-0.5B": dict(layers=24, heads=14, kv=2, hd=64, hidden=896, inter=4864, vocab=151936, theta=1e6,
+                       scaling=None, tied=True, window=None, act="silu", eos=(151643,), eps=1e-6),
+    "Llama-3.2-1B": dict(layers=16, heads=32, kv=8, hd=64, hidden=2048, inter=8192, vocab=128256, theta=500000.0,
+                         scaling=LLAMA3, tied=True, window=None, act="silu", eos=(128001,), eps=1e-5),
+    "Llama-3.2-1B-Instruct": dict(layers=16, heads=32, kv=8, hd=64, hidden=2048, inter=8192, vocab=128256,
+                                  theta=500000.0, scaling=LLAMA3, tied=True, window=None, act="silu",
+                                  eos=(128001, 128008, 128009), eps=1e-5),
+    "Llama-3.2-3B-Instruct": dict(layers=28, heads=24, kv=8, hd=128, hidden=3072, inter=8192, vocab=128256,
+                                  theta=500000.0, scaling=LLAMA3, tied=True, window=None, act="silu",
+                                  eos=(128001, 128008, 128009), eps=1e-5),
+    "TinyLlama-1.1B-Chat-v1.0": dict(layers=22, heads=32, kv=4, hd=64, hidden=2048, inter=5632, vocab=32000,
+                                     theta=10000.0, scaling=None, tied=False, window=None, act="silu", eos=(2,), eps=1e-5),
+    "Mistral-7B-v0.1": dict(layers=32, heads=32, kv=8, hd=128, hidden=4096, inter=14336, vocab=32000, theta=10000.0,
+                            scaling=None, tied=False, window=4096, act="silu", eos=(2,), eps=1e-5),
+    "Mistral-7B-v0.3": dict(layers=32, heads=32, kv=8, hd=128, hidden=4096, inter=14336, vocab=32768, theta=1e6,
+                            scaling=None, tied=False, window=None, act="silu", eos=(2,), eps=1e-5),
+    # hub Gemma 1 configs say hidden_act "gelu" but mean the tanh approximation (transformers converts it)
+    "gemma-2b": dict(layers=18, heads=8, kv=1, hd=256, hidden=2048, inter=16384, vocab=256000, theta=10000.0,
+                     scaling=None, tied=True, window=None, act="gelu_pytorch_tanh", eos=(1,), eps=1e-6),
+    "gemma-1.1-2b-it": dict(layers=18, heads=8, kv=1, hd=256, hidden=2048, inter=16384, vocab=256000, theta=10000.0,
+                            scaling=None, tied=True, window=None, act="gelu_pytorch_tanh", eos=(1,), eps=1e-6),
+    "gemma-7b": dict(layers=28, heads=16, kv=16, hd=256, hidden=3072, inter=24576, vocab=256000, theta=10000.0,
+                     scaling=None, tied=True, window=None, act="gelu_pytorch_tanh", eos=(1,), eps=1e-6),
+}
+
+REAL_FIXTURES = ["real_gpt2", "real_qwen2_5", "real_llama3_2", "real_mistral_v0_1", "real_gemma_7b"]
+
+
+def test_every_real_config_has_expectations_and_a_layout():
+    files = sorted(p.stem for p in (Path(__file__).parent / "real_configs").glob("*.json"))
+    assert files == sorted(EXPECTED) == shrink.NAMES
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_real_config_reads_as_by_hand(name):
+    c = load_config(Path(__file__).parent / "real_configs" / f"{name}.json")
+    e = EXPECTED[name]
+    assert (c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim) == (e["layers"], e["heads"], e["kv"], e["hd"])
+    assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (e["hidden"], e["inter"], e["vocab"])
+    assert c.group == e["heads"] // e["kv"]
+    if e["theta"] is not None:
+        assert c.rope_theta == e["theta"]
+    assert c.rope_scaling == e["scaling"]
+    assert c.tie_word_embeddings is e["tied"]
+    assert [c.is_sliding(i) for i in range(c.n_layers)] == [e["window"] is not None] * c.n_layers
+    if e["window"] is not None:
+        assert c.sliding_window == e["window"]
+    assert c.act == e["act"]
+    assert c.eos_token_ids == e["eos"]
+    assert c.norm_eps == pytest.approx(e["eps"])
+    assert c.family.positions == ("learned" if name.endswith("gpt2") else "rope")
+    assert (c.attention_bias or c.family.qkv_bias) is name.startswith(("Qwen", "gpt2", "distilgpt2"))  # q/k/v biases
+
+
+@pytest.mark.parametrize("name", shrink.NAMES)
+def test_scaled_down_copy_in_real_layout_loads_and_runs(name, tmp_path):
+    """The real config with its sizes shrunk, random weights under the real checkpoint's tensor names
+    (GPT-2: no prefix + attn.bias/masked_bias buffers; tied lm_head absent; shards + index), loads
+    and gives the same finite logits as the same weights under save_pretrained's names."""
+    cfg = shrink.shrink(shrink.real_config(name))
+    weights = shrink.random_tensors(cfg, seed=3)
+    real = shrink.write_checkpoint(tmp_path / "real", cfg, weights, shrink.LAYOUTS[name])
+    model = minigen.load(real)
+    ids = np.random.default_rng(0).integers(0, cfg["vocab_size"], 16)
+    logits = model.logits(ids)
+    assert logits.shape == (16, shrink.VOCAB) and logits.dtype == np.float32
+    assert np.isfinite(logits).all() and logits.std() > 1e-3
+    plain = shrink.write_checkpoint(tmp_path / "plain", cfg, weights,
+                                    {"prefix": "transformer.", "lm_head": True, "shards": 1})
+    np.testing.assert_array_equal(minigen.load(plain).logits(ids), logits)
+
+
+@pytest.mark.parametrize("name", REAL_FIXTURES)
+def test_real_fixture_matches_transformers(name, reference):
+    ref = reference(name)
+    model = minigen.load(FIXTURES_DIR / name)
+    record: list = []
+    logits = model.forward(ref["input_ids"], model.make_cache(64), record=record)
+    assert np.abs(logits - ref["logits"]).max() <= 1e-4
+    assert np.abs(np.stack(record) - ref["attentions"]).max() <= 1e-5
+    cache, ids = model.make_cache(64), []  # cached greedy decode: prefill, then one token at a time
+    step = model.forward(ref["input_ids"], cache, last_only=True)
+    for _ in range(len(ref["greedy_ids"])):
+        ids.append(int(step[-1].argmax()))
+        step = model.forward(np.array(ids[-1:]), cache, last_only=True)
+    assert ids == ref["greedy_ids"].tolist()
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("real_qwen2_5", {"use_sliding_window": True}),         # the tiny window must stay unused
+    ("real_llama3_2", {"rope_scaling": None}),             # llama3 scaling must be applied
+    ("real_mistral_v0_1", {"sliding_window": None}),       # the window must be applied
+])
+def test_real_fixtures_would_catch_a_misread_field(name, edit, reference, tmp_path):
+    path = shutil.copytree(FIXTURES_DIR / name, tmp_path / name)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    ref = reference(name)
+    assert np.abs(minigen.load(path).logits(ref["input_ids"]) - ref["logits"]).max() > 1e-2
+
+
+@pytest.mark.xfail(reason="minigen.weights caches memory maps by file path for the whole process: a checkpoint "
+                          "rewritten in place is read half stale on the next load (reported to the lead)")
+def test_reload_after_rewrite_reads_the_new_weights(tmp_path):
+    cfg = shrink.shrink(shrink.real_config("SmolLM2-135M"))
+    layout, ids = shrink.LAYOUTS["SmolLM2-135M"], np.arange(8)
+    shrink.write_checkpoint(tmp_path / "m", cfg, shrink.random_tensors(cfg, 1), layout)
+    minigen.load(tmp_path / "m").logits(ids)
+    shutil.rmtree(tmp_path / "m")
+    shrink.write_checkpoint(tmp_path / "m", cfg, shrink.random_tensors(cfg, 2), layout)
+    shrink.write_checkpoint(tmp_path / "fresh", cfg, shrink.random_tensors(cfg, 2), layout)
+    np.testing.assert_array_equal(minigen.load(tmp_path / "m").logits(ids), minigen.load(tmp_path / "fresh").logits(ids))
