@@ -11,10 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
+from conftest import FIXTURES as PARITY_FIXTURES
 from minigen.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
-NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference.npz"))
+NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py
 GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is the function
 
 

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 import minigen
+from conftest import FIXTURES as PARITY_FIXTURES
 from minigen.errors import MinigenError
 from minigen.generate import Run, Options, eos_token_ids, generate_step, prompt_ids, run, split_at_stop
 from minigen.sampling import make_sampler, repetition_penalty
 
 FIXTURES = Path(__file__).parent / "fixtures"
-NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference.npz"))
+NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py
 CHAT_MESSAGES = [{"role": "system", "content": "You are a tiny test model."},
                  {"role": "user", "content": "Say hello in French, please."}]
 
