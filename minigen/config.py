@@ -147,22 +147,23 @@ def _llama_like_config(raw: dict, model_type: str, where: str) -> Config:
     hidden = _get(raw, where, "hidden_size")
     n_heads = _get(raw, where, "num_attention_heads")
     n_kv = _get(raw, where, "num_key_value_heads", default=n_heads)
-    if raw.get("head_dim") is None:
+    if raw.get("head_dim") is None and model_type != "gemma":
         _check_divides(hidden, n_heads, where, "hidden_size", "num_attention_heads")
     _check_divides(n_heads, n_kv, where, "num_attention_heads", "num_key_value_heads")
     n_layers = _get(raw, where, "num_hidden_layers")
     theta, scaling = _rope(raw, where)
-    sliding = raw.get("sliding_window") if family.sliding or model_type == "qwen2" else None
+    # transformers' defaults when the key is absent: Mistral 4096 (an explicit null means none)
+    sliding = raw.get("sliding_window", 4096 if model_type == "mistral" else None) \
+        if family.sliding or model_type == "qwen2" else None
     layer_types = _layer_types(raw, model_type, n_layers, sliding, where)
-    if model_type == "gemma":
-        act = raw.get("hidden_activation") or "gelu_pytorch_tanh"
-    else:
-        act = raw.get("hidden_act") or family.act
+    act = raw.get("hidden_act") or family.act
+    if model_type == "gemma" and act == "gelu":  # as transformers' Gemma: "gelu" means the tanh form
+        act = "gelu_pytorch_tanh"
     return Config(
         model_type=model_type, family=family, raw=raw,
         vocab_size=_get(raw, where, "vocab_size"), hidden_size=hidden, n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=_get(raw, where, "head_dim", default=hidden // n_heads),
+        head_dim=_get(raw, where, "head_dim", default=256 if model_type == "gemma" else hidden // n_heads),
         intermediate_size=_get(raw, where, "intermediate_size"),
         max_position_embeddings=_get(raw, where, "max_position_embeddings", default=2048),
         norm_eps=_get(raw, where, "rms_norm_eps", default=1e-6, kind=float),
@@ -207,7 +208,7 @@ def _layer_types(raw: dict, model_type: str, n_layers: int, sliding, where: str)
     if sliding is None or (model_type == "qwen2" and not raw.get("use_sliding_window", False)):
         return ("full_attention",) * n_layers
     if model_type == "qwen2":  # Qwen2 slides only from layer max_window_layers on
-        first = raw.get("max_window_layers", n_layers)
+        first = raw.get("max_window_layers", 28)  # transformers' default
         return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n_layers))
     return ("sliding_attention",) * n_layers
 

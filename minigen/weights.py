@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +114,19 @@ def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-_maps: dict[Path, mmap.mmap] = {}
+_maps: "weakref.WeakValueDictionary[tuple, mmap.mmap]" = weakref.WeakValueDictionary()  # alive while arrays use them
 
 
 def _mapped(ref: TensorRef) -> np.ndarray:
-    if ref.file not in _maps:
+    # One mapping per file version: a checkpoint rewritten at the same path gets a new mapping.
+    st = ref.file.stat()
+    key = (str(ref.file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    mapping = _maps.get(key)
+    if mapping is None:
         with open(ref.file, "rb") as f:
-            _maps[ref.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mapping = _maps[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     count = int(np.prod(ref.shape, dtype=np.int64))
-    return np.frombuffer(_maps[ref.file], np.float32, count, ref.start).reshape(ref.shape)
+    return np.frombuffer(mapping, np.float32, count, ref.start).reshape(ref.shape)
 
 
 # --- HF names -> canonical names -------------------------------------------------------------

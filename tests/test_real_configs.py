@@ -148,8 +148,6 @@ def test_real_fixtures_would_catch_a_misread_field(name, edit, reference, tmp_pa
     assert np.abs(minigen.load(path).logits(ref["input_ids"]) - ref["logits"]).max() > 1e-2
 
 
-@pytest.mark.xfail(reason="minigen.weights caches memory maps by file path for the whole process: a checkpoint "
-                          "rewritten in place is read half stale on the next load (reported to the lead)")
 def test_reload_after_rewrite_reads_the_new_weights(tmp_path):
     cfg = shrink.shrink(shrink.real_config("SmolLM2-135M"))
     layout, ids = shrink.LAYOUTS["SmolLM2-135M"], np.arange(8)
