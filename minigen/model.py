@@ -84,12 +84,11 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
     """Project x (T, D) to q (H, T, d), k and v (KV, T, d), with RoPE applied to q and k."""
     T, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (T, (H + 2 KV) d)
-    q = qkv[:, :H * d].reshape(T, H, d).transpose(1, 0, 2)                   # (H, T, d)
-    k = qkv[:, H * d:(H + KV) * d].reshape(T, KV, d).transpose(1, 0, 2)      # (KV, T, d)
-    v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
+    qk = qkv[:, :(H + KV) * d].reshape(T, H + KV, d).transpose(1, 0, 2)      # (H + KV, T, d)
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    return q, k, v
+        qk = apply_rope(qk, *rope)  # q and k heads rotate alike: one call for both
+    v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
+    return qk[:H], qk[H:], v
 
 
 def attention_block(x: np.ndarray, p: dict, cfg: Config, cache: KVCache, rope, window: int | None,
