@@ -9,6 +9,8 @@ rather than computed and masked.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 NEG = np.finfo(np.float32).min  # masked score: exp(NEG - max) is exactly 0, and never NaN
@@ -23,7 +25,8 @@ def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """softmax computed in place in x (a fresh scores array): no temporaries the size of x."""
     x -= x.max(axis=axis, keepdims=True)
     np.exp(x, out=x)
-    x /= x.sum(axis=axis, keepdims=True)
+    total = x.sum(axis=axis, keepdims=True)
+    x *= np.reciprocal(total, out=total)  # one division per row, a multiply per element
     return x
 
 
@@ -32,10 +35,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None 
     """q (..., T, d), k (..., S, d), v (..., S, dv); mask (T, S) boolean, True where a query may look.
     Returns (out (..., T, dv), weights (..., T, S))."""
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q @ np.swapaxes(k, -1, -2)                                       # (..., T, S)
-    if not np.issubdtype(scores.dtype, np.floating):
-        scores = scores.astype(np.float64)
-    scores *= np.asarray(scale, dtype=scores.dtype)
+    dtype = np.result_type(q, np.float32)
+    scores = (q * np.asarray(scale, dtype=dtype)) @ np.swapaxes(k, -1, -2)   # (..., T, S); scaling q is cheaper
+    if scores.dtype != dtype:
+        scores = scores.astype(dtype)
     if mask is not None:
         np.copyto(scores, np.asarray(NEG, dtype=scores.dtype), where=~mask)
     weights = _softmax_(scores)
@@ -59,6 +62,7 @@ def block_mask(q_start: int, q_stop: int, k_start: int, k_stop: int, window: int
 
 
 BLOCK = 64  # query rows per block: big enough for BLAS, small enough that scores stay in cache
+_pool = ThreadPoolExecutor(max_workers=2)  # numpy releases the GIL in exp/max/sum: two blocks at once
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
@@ -69,7 +73,8 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
     G = H // KV
     out = np.empty((H, T, v.shape[-1]), np.float32)
     weights = np.zeros((H, T, S), np.float32) if want_weights else None
-    for start in range(0, T, BLOCK):
+
+    def block(start: int):
         stop = min(T, start + BLOCK)
         lo = 0 if window is None else max(0, offset + start - window + 1)   # first key any row sees
         hi = offset + stop                                                    # one past the last
@@ -79,4 +84,9 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
         out[:, start:stop] = o.reshape(H, stop - start, -1)
         if want_weights:
             weights[:, start:stop, lo:hi] = w.reshape(H, stop - start, hi - lo)
+
+    if T <= BLOCK:
+        block(0)
+    else:  # blocks write disjoint rows of out and weights
+        list(_pool.map(block, range(0, T, BLOCK)[::-1]))  # largest blocks first
     return out, weights

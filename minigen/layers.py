@@ -110,8 +110,11 @@ def rope_tables(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x * cos + rotate_half(x) * sin, x (..., T, head_dim). Pairs dimension i with i + head_dim/2,
-    HF's layout, not the interleaved (2i, 2i+1) pairs of the original paper and llama.cpp."""
+    """x * cos + rotate_half(x) * sin for x (..., head_dim), cos and sin broadcastable to x.
+    rotate_half pairs dimension i with i + head_dim/2, HF's layout, not the interleaved (2i, 2i+1)
+    pairs of the original paper and llama.cpp. Written as two half-updates: no concatenated copy."""
     half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+    out = x * cos
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out

@@ -41,12 +41,12 @@ def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], rec
            n_layers: int | None = None) -> np.ndarray:
     """The residual stream (T, D) after the first n_layers layers (all of them by default)."""
     positions = np.arange(cache[0].offset, cache[0].offset + len(ids))
-    x = embed(params, cfg, ids, positions)                                   # (T, D)
+    x = embed(params, cfg, ids, positions)                                   # (T, D), our own copy
     rope = rope_for(params, cfg, positions)
     for i in range(cfg.n_layers if n_layers is None else n_layers):
         p = params["layers"][i]
-        x = x + attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, window(cfg, i), record)
-        x = x + mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
+        x += attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, window(cfg, i), record)
+        x += mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
     return x
 
 
@@ -84,9 +84,11 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
     """Project x (T, D) to q (H, T, d), k and v (KV, T, d), with RoPE applied to q and k."""
     T, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (T, (H + 2 KV) d)
-    qk = qkv[:, :(H + KV) * d].reshape(T, H + KV, d).transpose(1, 0, 2)      # (H + KV, T, d)
-    if rope is not None:
-        qk = apply_rope(qk, *rope)  # q and k heads rotate alike: one call for both
+    qk = qkv[:, :(H + KV) * d].reshape(T, H + KV, d)                         # (T, H + KV, d)
+    if rope is not None:  # q and k heads rotate alike: one call for both
+        cos, sin = rope
+        qk = apply_rope(qk, cos[:, None], sin[:, None])
+    qk = qk.transpose(1, 0, 2)                                               # (H + KV, T, d)
     v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
     return qk[:H], qk[H:], v
 
