@@ -6,11 +6,10 @@ Qwen2 and Gemma differ. Both generations of transformers' config.json are read: 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import MinigenError
+from .errors import MinigenError, read_json_object
 
 
 @dataclass(frozen=True)
@@ -78,13 +77,7 @@ def load_config(path: str | Path) -> Config:
     file = path if path.suffix == ".json" else path / "config.json"
     if not file.is_file():
         raise MinigenError(f"{file}: missing (is {path} a Hugging Face checkpoint directory?)")
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinigenError(f"{file}: not valid JSON ({str(e).splitlines()[0]})")
-    if not isinstance(raw, dict):
-        raise MinigenError(f"{file}: expected a JSON object")
-    return parse_config(raw, str(file))
+    return parse_config(read_json_object(file), str(file))
 
 
 def parse_config(raw: dict, where: str = "config.json") -> Config:

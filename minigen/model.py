@@ -11,7 +11,6 @@ Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config, load_config
-from .errors import MinigenError
+from .errors import MinigenError, read_json_object
 from .layers import activation, apply_rope, layer_norm, rms_norm, rope_frequencies, rope_tables
 from .tokenizer import Tokenizer
 from .weights import load_params
@@ -170,12 +169,4 @@ def load(path: str | Path) -> Model:
 
 def _generation_config(path: Path) -> dict:
     file = path / "generation_config.json"
-    if not file.is_file():
-        return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinigenError(f"{file}: not valid JSON ({str(e).splitlines()[0]})")
-    if not isinstance(data, dict):
-        raise MinigenError(f"{file}: expected a JSON object")
-    return data
+    return read_json_object(file) if file.is_file() else {}

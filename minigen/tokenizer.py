@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import MinigenError
+from .errors import MinigenError, read_json_object
 
 
 class Tokenizer:
@@ -28,7 +28,7 @@ class Tokenizer:
             hf = HFTokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises its own Exception subclass
             raise MinigenError(f"{file}: not a tokenizer the tokenizers library can read ({_first_line(e)})")
-        config = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        config = read_json_object(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
         template = config.get("chat_template")
         if (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
@@ -150,13 +150,6 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
                                                  add_generation_prompt=add_generation_prompt)
     except jinja2.TemplateError as e:
         raise MinigenError(f"chat template: {_first_line(e)}")
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinigenError(f"{file}: not valid JSON ({_first_line(e)})")
 
 
 def _first_line(e: Exception) -> str:
