@@ -140,3 +140,29 @@ def test_token_id_out_of_range(ckpt):
     model = minigen.load(ckpt)
     with pytest.raises(MinigenError, match="outside the vocabulary"):
         model.logits([1, 2, 64])
+
+
+@pytest.mark.parametrize("breakage", ["truncated", "missing_tensor", "bad_config", "no_tokenizer", "unknown_type"])
+@pytest.mark.parametrize("command", [["info"], ["generate", "-n", "2", "t1 t2"]])
+def test_cli_reports_bad_checkpoint_in_one_line(ckpt, breakage, command):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    if breakage == "truncated":
+        f = ckpt / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:1000])
+    elif breakage == "missing_tensor":
+        w = tiny_checkpoint.tensors()
+        del w["model.norm.weight"]
+        tiny_checkpoint.write(ckpt, weights=w)
+    elif breakage == "bad_config":
+        (ckpt / "config.json").write_text("[1, 2")
+    elif breakage == "no_tokenizer":
+        (ckpt / "tokenizer.json").unlink()
+    else:
+        (ckpt / "config.json").write_text(json.dumps({**tiny_checkpoint.CONFIG, "model_type": "t5"}))
+    result = CliRunner().invoke(main, [command[0], "--model", str(ckpt), *command[1:]])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minigen: error: "), result.stderr
+    assert "Traceback" not in result.output + result.stderr
+    assert result.stdout == ""
