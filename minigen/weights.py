@@ -108,7 +108,9 @@ def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
         return out
     raw = np.fromfile(ref.file, DTYPES[ref.dtype], int(np.prod(ref.shape)), offset=ref.start).reshape(out.shape)
     if ref.dtype == "BF16":  # bfloat16 is the top half of a float32: widen by shifting 16 bits
-        out.view(np.uint32)[...] = raw.astype(np.uint32) << 16
+        bits = out.view(np.uint32)
+        bits[...] = raw                      # no uint32 temporary: widen in place, then shift
+        bits <<= 16
     else:
         out[...] = raw
     return out
