@@ -74,9 +74,8 @@ class Tokenizer:
     def byte_fallback_ids(self) -> frozenset[int]:
         """Ids of the <0xNN> tokens of a byte-fallback BPE (SentencePiece style); empty otherwise."""
         if not hasattr(self, "_byte_ids"):
-            model = json.loads(self.hf.to_str()).get("model", {})
-            ids = set()
-            if model.get("byte_fallback"):
+            ids = set()  # read off the model object: serialising the whole tokenizer costs ~20 MB
+            if getattr(self.hf.model, "byte_fallback", False):
                 ids = {self.hf.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None}
             self._byte_ids = frozenset(ids)
         return self._byte_ids
