@@ -5,11 +5,9 @@ plain 2-D arrays, no mask. `causal_attention` is how the model uses it: grouped-
 G query heads of a KV head stacked as G*T rows against that one K and V (shared, never copied per
 query head; query head h reads KV head h // G, HF's order), and long prompts cut into blocks of
 query rows so that keys a block cannot see (the future, or past the sliding window) are skipped
-rather than computed and masked.
+rather than computed and masked, and only the keys a block might not see get a mask.
 """
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,6 +31,7 @@ def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
            scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """q (..., T, d), k (..., S, d), v (..., S, dv); mask (T, S) boolean, True where a query may look.
+    A mask narrower than S covers the last mask.shape[-1] keys; every query sees the keys before them.
     Returns (out (..., T, dv), weights (..., T, S))."""
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     dtype = np.result_type(q, np.float32)
@@ -40,7 +39,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None 
     if scores.dtype != dtype:
         scores = scores.astype(dtype)
     if mask is not None:
-        np.copyto(scores, np.asarray(NEG, dtype=scores.dtype), where=~mask)
+        np.copyto(scores[..., scores.shape[-1] - mask.shape[-1]:], np.asarray(NEG, dtype=scores.dtype), where=~mask)
     weights = _softmax_(scores)
     return weights @ v, weights
 
@@ -61,8 +60,7 @@ def block_mask(q_start: int, q_stop: int, k_start: int, k_stop: int, window: int
     return mask
 
 
-BLOCK = 64  # query rows per block: big enough for BLAS, small enough that scores stay in cache
-_pool = ThreadPoolExecutor(max_workers=2)  # numpy releases the GIL in exp/max/sum: two blocks at once
+BLOCK = 128  # query rows per block: big enough for BLAS, small enough that scores stay in cache
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
@@ -73,20 +71,16 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
     G = H // KV
     out = np.empty((H, T, v.shape[-1]), np.float32)
     weights = np.zeros((H, T, S), np.float32) if want_weights else None
-
-    def block(start: int):
+    for start in range(0, T, BLOCK):
         stop = min(T, start + BLOCK)
         lo = 0 if window is None else max(0, offset + start - window + 1)   # first key any row sees
         hi = offset + stop                                                    # one past the last
-        mask = None if stop - start == 1 else np.tile(block_mask(offset + start, offset + stop, lo, hi, window), (G, 1))
+        # without a window only the block's own keys need a mask: the triangle on the diagonal
+        mask = None if stop - start == 1 else \
+            block_mask(offset + start, offset + stop, offset + start if window is None else lo, hi, window)
         qb = q[:, start:stop].reshape(KV, G * (stop - start), d)              # (KV, G B, d)
-        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], mask)                    # (KV, G B, d), (KV, G B, hi - lo)
-        out[:, start:stop] = o.reshape(H, stop - start, -1)
+        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], None if mask is None else np.tile(mask, (G, 1)))
+        out[:, start:stop] = o.reshape(H, stop - start, -1)                  # o (KV, G B, d)
         if want_weights:
             weights[:, start:stop, lo:hi] = w.reshape(H, stop - start, hi - lo)
-
-    if T <= BLOCK:
-        block(0)
-    else:  # blocks write disjoint rows of out and weights
-        list(_pool.map(block, range(0, T, BLOCK)[::-1]))  # largest blocks first
     return out, weights
