@@ -25,6 +25,12 @@ def main():
     """minigen: run, read and look inside small transformers."""
 
 
+def _non_empty(values: tuple, flag: str) -> tuple:
+    if any(v == "" for v in values):
+        raise click.BadParameter("an empty stop string would stop before the first token", param_hint=flag)
+    return values
+
+
 # --- generate, info (issue 3) ---------------------------------------------------------------
 
 def load_model(path):
@@ -109,7 +115,8 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
 @click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
               help="Window of the repeat penalty, in tokens (0: the whole sequence).")
 @click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text.")
-@click.option("--stop", multiple=True, help="Stop when this text appears (not printed). Repeatable.")
+@click.option("--stop", multiple=True, callback=lambda ctx, param, value: _non_empty(value, "--stop"),
+              help="Stop when this text appears (not printed). Repeatable.")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
 @click.option("--system", help="System message for --chat (implies --chat).")

@@ -117,6 +117,8 @@ class Options:
         if bad:
             name, value, why = bad[0]
             raise MinigenError(f"{name} must be {why}, got {value}")
+        if any(not s for s in self.stop):
+            raise MinigenError("stop strings must not be empty")
 
 
 @dataclass

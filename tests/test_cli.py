@@ -193,3 +193,17 @@ def test_info():
                  f"{c.max_position_embeddings} tokens", "float32", "parameters"):
         assert text in r.stdout
     assert "chat template:     no" in cli("info", "--model", FIXTURES / "gpt2").stdout
+
+
+def test_empty_stop_string_is_a_usage_error():
+    r = gen("gpt2", "hello", "--stop", "")
+    assert r.exit_code == 2 and "--stop" in r.output and "Traceback" not in r.output
+    with pytest.raises(minigen.MinigenError, match="stop"):
+        minigen.generate(fixture("gpt2")[0], "hello", stop="")
+
+
+def test_reversed_layer_range_is_refused_and_writes_nothing(tmp_path):
+    out = tmp_path / "a.npz"
+    r = gen("gpt2", "hello", "-n", "2", "--dump-attention", out, "--attn-layers", "1-0")
+    assert r.exit_code == 1 and "--attn-layers" in r.stderr and "empty" in r.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []

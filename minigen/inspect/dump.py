@@ -34,6 +34,8 @@ def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]
         if not m:
             raise MinigenError(f"{flag} {text!r}: expected numbers and ranges like 0,5-7")
         lo = int(m[1])
+        if m[2] is not None and int(m[2]) < lo:
+            raise MinigenError(f"{flag} {text!r}: the range {part.strip()} is empty (write it low-high)")
         items = [lo] if m[2] is None else range(lo, int(m[2]) + 1)
         for i in items:
             j = i + n if i < 0 else i
