@@ -111,7 +111,9 @@ def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
         return linear(act(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
     gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (T, 2F)
     F = gate_up.shape[-1] // 2
-    return linear(act(gate_up[:, :F]) * gate_up[:, F:], p["w_down"], p.get("b_down"))
+    h = act(gate_up[:, :F])                                                  # (T, F)
+    h *= gate_up[:, F:]  # in place: one (T, F) temporary fewer on a long prompt
+    return linear(h, p["w_down"], p.get("b_down"))
 
 
 # --- the loaded model --------------------------------------------------------------------------------
@@ -161,10 +163,11 @@ def load(path: str | Path) -> Model:
     if not path.is_dir():
         raise MinigenError(f"{path}: no such checkpoint directory")
     cfg = load_config(path)
+    activation(cfg.act)  # fail at load, not mid-forward, on an unknown activation
+    tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
     params = load_params(path, cfg)
     params["inv_freq"] = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    activation(cfg.act)  # fail at load, not mid-forward, on an unknown activation
-    return Model(cfg, params, Tokenizer.from_dir(path), _generation_config(path), path)
+    return Model(cfg, params, tokenizer, _generation_config(path), path)
 
 
 def _generation_config(path: Path) -> dict:
