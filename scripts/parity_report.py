@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import minigen
+from minigen.generate import generate_step
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
@@ -16,11 +17,9 @@ def main():
     for ref_file in sorted(FIXTURES.glob("*/reference.npz")):
         model, ref = minigen.load(ref_file.parent), np.load(ref_file)
         record = []
-        cache = model.make_cache()
-        logits = model.forward(ref["input_ids"], cache, record=record)
-        ids = [int(logits[-1].argmax())]
-        while len(ids) < len(ref["greedy_ids"]):
-            ids.append(int(model.forward(np.array(ids[-1:]), cache, last_only=True)[-1].argmax()))
+        logits = model.forward(ref["input_ids"], model.make_cache(), record=record)
+        # greedy through the generation loop (EOS ignored), as `minigen generate --temp 0` runs it
+        ids = [step.token for step in generate_step(model, ref["input_ids"], max_tokens=len(ref["greedy_ids"]))]
         same = "identical" if ids == ref["greedy_ids"].tolist() else "DIFFERENT"
         print(f"{ref_file.parent.name:18s} {model.config.model_type:8s} "
               f"{np.abs(logits - ref['logits']).max():12.2e} "

@@ -32,5 +32,34 @@ def reference():
     return load_reference
 
 
+def greedy(model, prompt, n: int, eos: int | None = None) -> tuple[list[int], np.ndarray]:
+    """Cached greedy decoding straight on the model (prefill, then one token at a time), stopping
+    after `eos` if given: (generated ids, the logits after the prompt)."""
+    cache = model.make_cache()
+    logits = model.forward(np.asarray(prompt), cache, last_only=True)[-1]
+    first, ids = logits, []
+    for _ in range(n):
+        ids.append(int(np.argmax(logits)))
+        if ids[-1] == eos:
+            break
+        logits = model.forward(np.array(ids[-1:]), cache, last_only=True)[-1]
+    return ids, first
+
+
+def interrupt_generation(monkeypatch, after: int):
+    """Make the generation loop raise KeyboardInterrupt (a Ctrl-C) once `after` tokens have been yielded."""
+    import sys
+    module = sys.modules["minigen.generate"]  # `minigen.generate` the attribute is the function
+    real = module.generate_step
+
+    def interrupted(*args, **kwargs):
+        for i, step in enumerate(real(*args, **kwargs)):
+            if i == after:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(module, "generate_step", interrupted)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes more than a few seconds")

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
-from conftest import FIXTURES as PARITY_FIXTURES
+from conftest import FIXTURES as PARITY_FIXTURES, interrupt_generation
 from minigen.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -169,15 +169,7 @@ def test_default_model(monkeypatch):
 
 
 def test_ctrl_c_keeps_text_prints_figures_exits_130(monkeypatch):
-    real = GENERATE.generate_step
-
-    def interrupted(*args, **kwargs):
-        for i, step in enumerate(real(*args, **kwargs)):
-            if i == 4:
-                raise KeyboardInterrupt
-            yield step
-
-    monkeypatch.setattr(GENERATE, "generate_step", interrupted)
+    interrupt_generation(monkeypatch, after=4)
     _, ref = fixture("gpt2")  # byte-level pieces: every greedy token here is printed as it comes
     r = gen("gpt2", str(ref["prompt"]), "-m", 20, "--ignore-eos")
     assert r.exit_code == 130

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import minigen
-from conftest import FIXTURES_DIR
+from conftest import FIXTURES_DIR, greedy
 from minigen import default_model
 from minigen.errors import MinigenError
 
@@ -70,18 +70,6 @@ def test_tokenizer_matches_llama_cpp(smollm2, case):
 
 def test_digits_after_spaces(smollm2):
     assert smollm2.tokenizer.encode("a  2") == [81, 256, 34]  # transformers' GGUF conversion gives 81, 216, 216, 34
-
-
-def greedy(model, prompt: list[int], n: int, eos: int) -> tuple[list[int], np.ndarray]:
-    cache = model.make_cache()
-    logits = model.forward(np.array(prompt), cache, last_only=True)[-1]
-    first, ids = logits, []
-    for _ in range(n):
-        ids.append(int(np.argmax(logits)))
-        if ids[-1] == eos:
-            break
-        logits = model.forward(np.array([ids[-1]]), cache, last_only=True)[-1]
-    return ids, first
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from minigen.inspect import census, head_stats, induction_score, load_attention,
 from minigen.inspect.dump import Recorder, check_budget, parse_selection
 from minigen.inspect.internals import induction_probe, prompt_attention
 
-from conftest import FIXTURES, FIXTURES_DIR, load_reference
+from conftest import FIXTURES, FIXTURES_DIR, interrupt_generation, load_reference
 from inspect_fixture import make_induction_gpt2
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
@@ -250,17 +250,7 @@ def test_from_missing_dump(tmp_path):
 
 
 def test_ctrl_c_leaves_no_dump(tmp_path, monkeypatch):
-    import sys
-    G = sys.modules["minigen.generate"]   # `minigen.generate` the attribute is the function
-    real = G.generate_step
-
-    def interrupted(*args, **kwargs):
-        for i, step in enumerate(real(*args, **kwargs)):
-            if i == 3:
-                raise KeyboardInterrupt
-            yield step
-
-    monkeypatch.setattr(G, "generate_step", interrupted)
+    interrupt_generation(monkeypatch, after=3)
     out = tmp_path / "x.npz"
     r = cli("generate", "hello", "--model", FIXTURES_DIR / "gpt2", "-n", 10, "--dump-attention", out)
     assert r.exit_code == 130 and "no attention dump written" in r.output

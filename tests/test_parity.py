@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import minigen
+from conftest import greedy
 
 FIXTURES = sorted(p.parent.name for p in (Path(__file__).parent / "fixtures").glob("*/reference.npz"))
 
@@ -42,13 +43,7 @@ def test_attention_weights_match_output_attentions(case):
 
 def test_greedy_continuation_matches(case):
     model, ref = case
-    cache = model.make_cache()
-    logits = model.forward(ref["input_ids"], cache, last_only=True)
-    ids = []
-    for _ in range(len(ref["greedy_ids"])):
-        ids.append(int(np.argmax(logits[-1])))
-        logits = model.forward(np.array([ids[-1]]), cache, last_only=True)
-    assert ids == ref["greedy_ids"].tolist()
+    assert greedy(model, ref["input_ids"], len(ref["greedy_ids"]))[0] == ref["greedy_ids"].tolist()
 
 
 def test_prefill_then_decode_equals_uncached(case):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import minigen
+from conftest import greedy
 from minigen.attention import BLOCK
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,10 +36,4 @@ def test_long_prompt_logits_and_attention(case):
 
 def test_long_prompt_greedy(case):
     model, ref = case
-    cache = model.make_cache()
-    logits = model.forward(ref["input_ids"], cache, last_only=True)
-    ids = []
-    for _ in range(len(ref["greedy_ids"])):
-        ids.append(int(logits[-1].argmax()))
-        logits = model.forward(np.array(ids[-1:]), cache, last_only=True)
-    assert ids == ref["greedy_ids"].tolist()
+    assert greedy(model, ref["input_ids"], len(ref["greedy_ids"]))[0] == ref["greedy_ids"].tolist()

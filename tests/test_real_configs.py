@@ -15,6 +15,7 @@ import pytest
 
 import minigen
 from minigen.config import load_config
+from conftest import greedy
 
 sys.path.insert(0, str(Path(__file__).parent / "real_configs"))
 import shrink  # noqa: E402
@@ -127,12 +128,7 @@ def test_real_fixture_matches_transformers(name, reference):
     logits = model.forward(ref["input_ids"], model.make_cache(64), record=record)
     assert np.abs(logits - ref["logits"]).max() <= 1e-4
     assert np.abs(np.stack(record) - ref["attentions"]).max() <= 1e-5
-    cache, ids = model.make_cache(64), []  # cached greedy decode: prefill, then one token at a time
-    step = model.forward(ref["input_ids"], cache, last_only=True)
-    for _ in range(len(ref["greedy_ids"])):
-        ids.append(int(step[-1].argmax()))
-        step = model.forward(np.array(ids[-1:]), cache, last_only=True)
-    assert ids == ref["greedy_ids"].tolist()
+    assert greedy(model, ref["input_ids"], len(ref["greedy_ids"]))[0] == ref["greedy_ids"].tolist()
 
 
 @pytest.mark.parametrize("name, edit", [
