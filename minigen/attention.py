@@ -1,4 +1,5 @@
-"""Scaled dot-product attention: softmax(Q Kᵀ / √d_k) · V, with its causal (and sliding) mask.
+"""Scaled dot-product attention: softmax(Q Kᵀ / √d_k) · V, with its causal (and sliding) mask, and
+the two things some families change: the scale, and a tanh soft-cap on the scores (Gemma 2).
 
 `attend` is the formula and nothing else, so the seeds' worked examples run through it unchanged:
 plain 2-D arrays, no mask. `causal_attention` is how the model uses it: grouped-query shapes, the
@@ -29,15 +30,20 @@ def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
-           scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+           scale: float | None = None, softcap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """q (..., T, d), k (..., S, d), v (..., S, dv); mask (T, S) boolean, True where a query may look.
     A mask narrower than S covers the last mask.shape[-1] keys; every query sees the keys before them.
-    Returns (out (..., T, dv), weights (..., T, S))."""
+    `scale` defaults to 1/sqrt(d); `softcap` bounds the scaled scores to (-cap, cap) with tanh before
+    the mask, as Gemma 2 does. Returns (out (..., T, dv), weights (..., T, S))."""
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     dtype = np.result_type(q, np.float32)
     scores = (q * np.asarray(scale, dtype=dtype)) @ np.swapaxes(k, -1, -2)   # (..., T, S); scaling q is cheaper
     if scores.dtype != dtype:
         scores = scores.astype(dtype)
+    if softcap is not None:
+        scores /= np.asarray(softcap, dtype=dtype)
+        np.tanh(scores, out=scores)
+        scores *= np.asarray(softcap, dtype=dtype)
     if mask is not None:
         np.copyto(scores[..., scores.shape[-1] - mask.shape[-1]:], np.asarray(NEG, dtype=scores.dtype), where=~mask)
     weights = _softmax_(scores)
@@ -64,9 +70,11 @@ BLOCK = 128  # query rows per block: big enough for BLAS, small enough that scor
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
-                     want_weights: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-    """q (H, T, d) at positions offset.., k and v (KV, S, d) with S = offset + T, H = G * KV.
-    Returns out (H, T, d) and, when asked, the weights (H, T, S) with exact zeros where masked."""
+                     want_weights: bool = False, scale: float | None = None,
+                     softcap: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """q (H, T, d) at positions offset.., k and v (KV, S, d) with S = offset + T, H = G * KV; `scale`
+    and `softcap` as in `attend`. Returns out (H, T, d) and, when asked, the weights (H, T, S) with
+    exact zeros where masked."""
     (H, T, d), KV, S = q.shape, k.shape[0], k.shape[1]
     G = H // KV
     out = np.empty((H, T, v.shape[-1]), np.float32)
@@ -79,7 +87,7 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
         mask = None if stop - start == 1 else \
             block_mask(offset + start, offset + stop, offset + start if window is None else lo, hi, window)
         qb = q[:, start:stop].reshape(KV, G * (stop - start), d)              # (KV, G B, d)
-        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], None if mask is None else np.tile(mask, (G, 1)))
+        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], None if mask is None else np.tile(mask, (G, 1)), scale, softcap)
         out[:, start:stop] = o.reshape(H, stop - start, -1)                  # o (KV, G B, d)
         if want_weights:
             weights[:, start:stop, lo:hi] = w.reshape(H, stop - start, hi - lo)

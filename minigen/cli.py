@@ -34,15 +34,15 @@ def _non_empty(values: tuple, flag: str) -> tuple:
 # --- generate, info (issue 3) ---------------------------------------------------------------
 
 def load_model(path):
-    """The model at --model, or the default model; returns (model, load seconds)."""
+    """The model at --model, or the default model; returns (model, tokenizer, load seconds)."""
     import time
-    from .model import load
+    from .checkpoint import load
     if path is None:
         from .default_model import default_model_path
         path = default_model_path()
     start = time.perf_counter()
-    model = load(path)
-    return model, time.perf_counter() - start
+    model, tokenizer = load(path)
+    return model, tokenizer, time.perf_counter() - start
 
 
 def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) -> str:
@@ -56,10 +56,10 @@ def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) ->
     return sys.stdin.read() if text == "-" else text
 
 
-def build_run(model, text: str, chat: bool, system: str | None, **options):
+def build_run(model, tokenizer, text: str, chat: bool, system: str | None, **options):
     """The Run a `generate` invocation asks for; other commands' options can add to it (on_step, ...)."""
     from .generate import run
-    return run(model, text, chat=chat, system=system, **options)
+    return run(model, tokenizer, text, chat=chat, system=system, **options)
 
 
 def print_run(run, load_seconds: float, quiet: bool, verbose: bool) -> int:
@@ -133,8 +133,8 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     dump = pop_dump_options(options)  # --dump-attention & co: see the attention section (issue 5)
     text = read_prompt(prompt, prompt_opt, file)
-    model, load_seconds = load_model(model_path)
-    run = build_run(model, text, chat, system, record_attention=dump is not None, **options)
+    model, tokenizer, load_seconds = load_model(model_path)
+    run = build_run(model, tokenizer, text, chat, system, record_attention=dump is not None, **options)
     if dump is not None:
         sys.exit(generate_with_dump(run, load_seconds, quiet, verbose, dump))
     sys.exit(print_run(run, load_seconds, quiet, verbose))
@@ -144,8 +144,8 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
 @click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
 def info(model_path):
     """What a checkpoint is: architecture, size, dims, heads, context, tokenizer."""
-    model, _ = load_model(model_path)
-    c, tok = model.config, model.tokenizer
+    model, tok, _ = load_model(model_path)
+    c = model.config
     arch = ", ".join(c.raw.get("architectures") or []) or "-"
     rows = [
         ("path", str(model.path)),
@@ -211,7 +211,7 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
     from .inspect.dump import GenerationDump
     from .inspect.internals import verify_rows
     max_tokens = min(run.options.max_tokens, run.max_context - len(run.prompt) + 1)
-    with GenerationDump(run.model, dump["dump_path"], run.prompt, max_tokens, dump["attn_layers"],
+    with GenerationDump(run.model, run.tokenizer, dump["dump_path"], run.prompt, max_tokens, dump["attn_layers"],
                         dump["attn_heads"], dump["attn_dtype"]) as d:
         run.on_step.append(d.on_step)
         code = print_run(run, load_seconds, quiet, verbose)
@@ -232,15 +232,15 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
 
 
 def _inspect_model(path):
-    """--model PATH, or the default model when it is not given (generate's load_model)."""
-    return load_model(path)[0]
+    """--model PATH, or the default model when it is not given: (model, tokenizer)."""
+    return load_model(path)[:2]
 
 
-def _prompt_ids(model, prompt, chat):
+def _prompt_ids(tokenizer, prompt, chat):
     from .generate import prompt_ids
     if prompt == "-":
         prompt = sys.stdin.read()
-    return prompt_ids(model.tokenizer, prompt, chat=chat)
+    return prompt_ids(tokenizer, prompt, chat=chat)
 
 
 def _attention_source(prompt, model_path, from_path, chat, attn_layers, attn_heads):
@@ -265,14 +265,14 @@ def _attention_source(prompt, model_path, from_path, chat, attn_layers, attn_hea
         return None, d["token_ids"], layers, heads, tokens, d["prompt_length"], sub
     if prompt is None:
         raise MinigenError("give a PROMPT (or - to read stdin), or --from DUMP.npz")
-    model = _inspect_model(model_path)
-    ids = _prompt_ids(model, prompt, chat)
+    model, tok = _inspect_model(model_path)
+    ids = _prompt_ids(tok, prompt, chat)
     c = model.config
     keep_l = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
     heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
     record = prompt_attention(model, ids)
     layers = {l: record[l][heads] for l in keep_l}
-    return model, ids, layers, heads, model.tokenizer.token_strings(ids), None, str(model.path)
+    return (model, tok), ids, layers, heads, tok.token_strings(ids), None, str(model.path)
 
 
 def _pick(layers, heads, layer, head):
@@ -324,8 +324,7 @@ def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_
     if (token_spec is not None) and (layer is None or head is None):
         raise MinigenError("--token needs --layer and --head")
     if prompt is None and from_path is None and probe:  # the probe on its own
-        model = _inspect_model(model_path)
-        _print_probe(model, probe_length, seed, attn_layers, attn_heads)
+        _print_probe(*_inspect_model(model_path), probe_length, seed, attn_layers, attn_heads)
         return
     dump_file = D.DumpFile(dump_path) if dump_path else None   # a bad path fails before any work
     try:
@@ -333,8 +332,9 @@ def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_
             raise MinigenError("--dump-attention writes a new dump from a PROMPT; with --from the dump exists")
         if dump_file is not None:
             dtype = D.parse_dtype(attn_dtype)
-        model, ids, layers, heads, tokens, prompt_length, sub = _attention_source(
+        loaded, ids, layers, heads, tokens, prompt_length, sub = _attention_source(
             prompt, model_path, from_path, chat, attn_layers, attn_heads)
+        model = loaded[0] if loaded else None
         if layer is not None or head is not None:
             if model is not None:
                 check_layer_head(model.config, layer if layer is not None else 0, head if head is not None else 0)
@@ -357,8 +357,8 @@ def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_
             return  # asked for files; --probe (or no file flags) prints the census
         table = census(layers)
         if probe:
-            pm = model or _inspect_model(model_path or _dump_model_path(from_path))
-            _, n, scores = induction_probe(pm, probe_length, seed)
+            pm = loaded or _inspect_model(model_path or _dump_model_path(from_path))
+            _, n, scores = induction_probe(*pm, probe_length, seed)
             table["induction"] = scores[sorted(layers)][:, heads]
         click.echo(f"census of {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
         for line in format_census(table, sorted(layers), heads):
@@ -373,7 +373,7 @@ def _dump_model_path(from_path):
     return load_attention(from_path)["meta"].get("model_path")
 
 
-def _print_probe(model, probe_length, seed, attn_layers, attn_heads):
+def _print_probe(model, tokenizer, probe_length, seed, attn_layers, attn_heads):
     from .inspect import dump as D
     from .inspect.internals import induction_probe
     from .inspect.report import KINDS
@@ -381,7 +381,7 @@ def _print_probe(model, probe_length, seed, attn_layers, attn_heads):
     c = model.config
     layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
     heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
-    ids, n, scores = induction_probe(model, probe_length, seed)
+    ids, n, scores = induction_probe(model, tokenizer, probe_length, seed)
     scores = scores[layers][:, heads]
     click.echo(f"induction probe: {n} random tokens repeated once ({len(ids)} tokens)")
     click.echo("layer " + " ".join(f"{'h' + str(h):>6}" for h in heads))
@@ -436,11 +436,11 @@ def trace(prompt, model_path, chat, layer, head, token_spec, keys, seeds):
         raise MinigenError("give a PROMPT to trace (or --seeds for the worked example)")
     if layer is None or head is None:
         raise MinigenError("trace needs --layer and --head")
-    model = _inspect_model(model_path)
+    model, tok = _inspect_model(model_path)
     check_layer_head(model.config, layer, head)
-    ids = _prompt_ids(model, prompt, chat)
-    i = resolve_token(model.tokenizer.token_strings(ids), token_spec)
-    lines, ok = trace_lines(model, ids, layer, head, i, limit=keys)
+    ids = _prompt_ids(tok, prompt, chat)
+    i = resolve_token(tok.token_strings(ids), token_spec)
+    lines, ok = trace_lines(model, tok, ids, layer, head, i, limit=keys)
     for line in lines:
         click.echo(line)
     if not ok:

@@ -1,45 +1,40 @@
 """What is this checkpoint? config.json -> one frozen Config, HF's spellings normalised.
 
-A family is data: `Family` holds the handful of literal fields in which GPT-2, Llama, Mistral,
-Qwen2 and Gemma differ. Both generations of transformers' config.json are read: `rope_theta` /
-`rope_scaling` / `torch_dtype` (older hub checkpoints) and `rope_parameters` / `dtype` (5.x).
+`Config` says everything the forward pass needs, in minigen's own names: sizes, and the handful of
+switches in which the families differ (norm kind and placement, q/k norms, RoPE per layer, soft-caps,
+sliding windows). Which switches a `model_type` turns on, and how its config.json spells things, is
+the family's entry in `families.py`; this module holds the machinery that reads any entry.
+
+Both generations of transformers' config.json are read: `rope_theta` / `rope_scaling` /
+`torch_dtype` (hub checkpoints saved before 5.x) and `rope_parameters` / `dtype` (5.x).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from .errors import MinigenError, read_json_object
 
 
 @dataclass(frozen=True)
-class Family:
-    norm: str = "rms"               # "rms" | "layer"
-    norm_offset: float = 0.0        # Gemma scales by (1 + w)
-    mlp: str = "gated"              # "gated": down(act(gate) * up) | "plain": down(act(up))
-    act: str = "silu"
-    positions: str = "rope"         # "rope" (half-split, HF's rotate_half) | "learned"
-    qkv_bias: bool = False
-    out_bias: bool = False          # o_proj / c_proj and MLP biases (GPT-2)
-    norm_bias: bool = False         # LayerNorm has a bias
-    embed_scale: bool = False       # Gemma multiplies embeddings by sqrt(hidden)
-    sliding: bool = False           # sliding_window in config.json applies to every layer
-
-
-FAMILIES = {
-    "gpt2": Family(norm="layer", mlp="plain", act="gelu_new", positions="learned",
-                   qkv_bias=True, out_bias=True, norm_bias=True),
-    "llama": Family(),
-    "mistral": Family(sliding=True),
-    "qwen2": Family(qkv_bias=True),
-    "gemma": Family(norm_offset=1.0, act="gelu_pytorch_tanh", embed_scale=True),
-}
+class Rope:
+    """One rotary embedding: the first `dim` dims of each head rotate (HF's half-split within them)."""
+    theta: float
+    dim: int                          # rotated dims per head; the rest pass through (partial rotary)
+    kind: str = "default"             # default | linear | llama3 | longrope
+    factor: float = 1.0               # linear, llama3
+    low_freq_factor: float = 1.0      # llama3
+    high_freq_factor: float = 4.0     # llama3
+    original_max: int = 0             # llama3; longrope: the switch from short to long factors
+    short_factor: tuple = ()          # longrope, one per rotated pair
+    long_factor: tuple = ()
+    attention_factor: float = 1.0     # longrope: cos and sin are scaled by it
 
 
 @dataclass(frozen=True)
 class Config:
     model_type: str
-    family: Family
     vocab_size: int
     hidden_size: int
     n_layers: int
@@ -49,17 +44,29 @@ class Config:
     intermediate_size: int
     max_position_embeddings: int
     norm_eps: float
-    act: str
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None       # {"rope_type": "linear" | "llama3", ...}; None = default
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False           # q/k/v (and o for Llama's attention_bias) biases
+    # --- what the forward pass does: set by the family, some by config.json -------------------
+    norm: str = "rms"                 # "rms" | "layer" (LayerNorm, with a bias)
+    pre_norms: bool = True            # norm the input of attention and MLP (all but OLMo 2)
+    post_norms: bool = False          # norm their outputs before the residual add (Gemma 2/3, OLMo 2)
+    parallel_residual: bool = False   # x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX)
+    qk_norm: str | None = None        # RMSNorm on q and k: "head" (over head_dim) | "proj" (whole projection)
+    mlp: str = "gated"                # "gated": down(act(gate) * up) | "plain": down(act(up))
+    act: str = "silu"
+    positions: str = "rope"           # "rope" | "learned" (GPT-2)
+    embed_scale: bool = False         # Gemma: embeddings x sqrt(hidden)
+    attn_scale: float = 0.0           # scores are q.k x attn_scale (1/sqrt(head_dim) unless the family says)
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
+    qkv_bias: bool = False
+    o_bias: bool = False
     mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    rope: tuple = ()                  # per layer: a Rope, or None (no rotary embedding in that layer)
     sliding_window: int | None = None
-    layer_types: tuple = ()                # per layer: "full_attention" | "sliding_attention"
+    layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
     bos_token_id: int | None = None
     eos_token_ids: tuple = ()
-    dtype: str = "float32"                 # dtype the checkpoint says it was saved in
+    dtype: str = "float32"            # what config.json says the checkpoint was saved in
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -69,6 +76,10 @@ class Config:
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of this layer, or None for full causal attention."""
+        return self.sliding_window if self.is_sliding(layer) else None
 
 
 def load_config(path: str | Path) -> Config:
@@ -81,131 +92,213 @@ def load_config(path: str | Path) -> Config:
 
 
 def parse_config(raw: dict, where: str = "config.json") -> Config:
+    """config.json's fields -> Config: the sizes every family has, then the family's own reading."""
+    from .families import FAMILIES  # the table needs this module's readers: imported here, not above
     model_type = raw.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise MinigenError(f"{where}: unsupported model_type {model_type!r} (minigen supports {known})")
-    if model_type == "gpt2":
-        return _gpt2_config(raw, where)
-    return _llama_like_config(raw, model_type, where)
-
-
-def _get(raw: dict, where: str, *names, default=..., kind=int):
-    """The first of `names` present in raw, checked against `kind`; error naming the field if absent."""
-    for name in names:
-        if raw.get(name) is not None:
-            value = raw[name]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind)
-            if not ok or (kind is int and isinstance(value, bool)):
-                raise MinigenError(f"{where}: field {name!r} should be {kind.__name__}, got {value!r}")
-            if kind is int and value <= 0 and name not in ("bos_token_id", "eos_token_id"):
-                raise MinigenError(f"{where}: field {name!r} must be positive, got {value}")
-            return value
-    if default is ...:
-        raise MinigenError(f"{where}: missing required field {names[0]!r}")
-    return default
-
-
-def _eos_ids(raw: dict) -> tuple:
-    eos = raw.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (eos,)
-
-
-def _dtype(raw: dict) -> str:
-    return str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
-
-
-def _gpt2_config(raw: dict, where: str) -> Config:
-    hidden = _get(raw, where, "n_embd", "hidden_size")
-    n_heads = _get(raw, where, "n_head", "num_attention_heads")
-    _check_divides(hidden, n_heads, where, "n_embd", "n_head")
-    return Config(
-        model_type="gpt2", family=FAMILIES["gpt2"], raw=raw,
-        vocab_size=_get(raw, where, "vocab_size"), hidden_size=hidden,
-        n_layers=_get(raw, where, "n_layer", "num_hidden_layers"),
-        n_heads=n_heads, n_kv_heads=n_heads, head_dim=hidden // n_heads,
-        intermediate_size=_get(raw, where, "n_inner", default=4 * hidden),
-        max_position_embeddings=_get(raw, where, "n_positions", "max_position_embeddings"),
-        norm_eps=_get(raw, where, "layer_norm_epsilon", default=1e-5, kind=float),
-        act=raw.get("activation_function") or "gelu_new",
-        tie_word_embeddings=raw.get("tie_word_embeddings", True),
-        bos_token_id=raw.get("bos_token_id"), eos_token_ids=_eos_ids(raw), dtype=_dtype(raw),
-    )
-
-
-def _llama_like_config(raw: dict, model_type: str, where: str) -> Config:
     family = FAMILIES[model_type]
-    hidden = _get(raw, where, "hidden_size")
-    n_heads = _get(raw, where, "num_attention_heads")
-    n_kv = _get(raw, where, "num_key_value_heads", default=n_heads)
-    if raw.get("head_dim") is None and model_type != "gemma":
-        _check_divides(hidden, n_heads, where, "hidden_size", "num_attention_heads")
-    _check_divides(n_heads, n_kv, where, "num_attention_heads", "num_key_value_heads")
-    n_layers = _get(raw, where, "num_hidden_layers")
-    theta, scaling = _rope(raw, where)
-    # transformers' defaults when the key is absent: Mistral 4096 (an explicit null means none)
-    sliding = raw.get("sliding_window", 4096 if model_type == "mistral" else None) \
-        if family.sliding or model_type == "qwen2" else None
-    layer_types = _layer_types(raw, model_type, n_layers, sliding, where)
-    act = raw.get("hidden_act") or family.act
-    if model_type == "gemma" and act == "gelu":  # as transformers' Gemma: "gelu" means the tanh form
-        act = "gelu_pytorch_tanh"
-    return Config(
-        model_type=model_type, family=family, raw=raw,
-        vocab_size=_get(raw, where, "vocab_size"), hidden_size=hidden, n_layers=n_layers,
-        n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=_get(raw, where, "head_dim", default=256 if model_type == "gemma" else hidden // n_heads),
-        intermediate_size=_get(raw, where, "intermediate_size"),
-        max_position_embeddings=_get(raw, where, "max_position_embeddings", default=2048),
-        norm_eps=_get(raw, where, "rms_norm_eps", default=1e-6, kind=float),
-        act=act, rope_theta=theta, rope_scaling=scaling,
-        tie_word_embeddings=raw.get("tie_word_embeddings", model_type == "gemma"),
-        attention_bias=family.qkv_bias or bool(raw.get("attention_bias", False)),
-        mlp_bias=bool(raw.get("mlp_bias", False)),
-        sliding_window=sliding, layer_types=layer_types,
-        bos_token_id=raw.get("bos_token_id"), eos_token_ids=_eos_ids(raw), dtype=_dtype(raw),
+    get = Fields(raw, where)
+    hidden = get.int("hidden_size", "n_embd")
+    n_heads = get.int("num_attention_heads", "n_head")
+    n_layers = get.int("num_hidden_layers", "n_layer")
+    d = family.defaults
+    f = {x.name: x.default for x in fields(Config) if x.default is not MISSING}  # the features' defaults
+    f.update(
+        model_type=model_type, raw=raw, hidden_size=hidden, n_heads=n_heads, n_layers=n_layers,
+        vocab_size=get.int("vocab_size"),
+        n_kv_heads=get.int("num_key_value_heads", default=n_heads),
+        head_dim=get.int("head_dim", default=None) or d.get("head_dim") or _divide(hidden, n_heads, where),
+        intermediate_size=get.int("intermediate_size", "n_inner", default=d.get("intermediate_size", 4 * hidden)),
+        max_position_embeddings=get.int("max_position_embeddings", "n_positions",
+                                        default=d.get("max_position_embeddings", 2048)),
+        norm_eps=get.float("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=d.get("norm_eps", 1e-6)),
+        act=get.str("hidden_act", "activation_function", default=d.get("act", "silu")),
+        tie_word_embeddings=get.bool("tie_word_embeddings", default=d.get("tie_word_embeddings", False)),
+        bos_token_id=get.token_id("bos_token_id"), eos_token_ids=get.token_ids("eos_token_id"),
+        dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
     )
+    f.update(family.features)
+    f.update(family.read(get, f))
+    if f["n_heads"] % f["n_kv_heads"]:
+        raise MinigenError(f"{where}: num_attention_heads={n_heads} is not divisible by "
+                           f"num_key_value_heads={f['n_kv_heads']}")
+    f["attn_scale"] = f["attn_scale"] or f["head_dim"] ** -0.5
+    if f["positions"] == "rope" and not f["rope"]:
+        f["rope"] = (read_rope(get, f, d),) * n_layers  # one RoPE for every layer, unless the family's read said
+    f["layer_types"] = tuple(f.get("layer_types") or ("full_attention",) * n_layers)
+    _check_layers(f, where)
+    return Config(**f)
 
 
-def _rope(raw: dict, where: str) -> tuple[float, dict | None]:
-    """(theta, scaling) from either `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling`."""
-    params = raw.get("rope_parameters") or {}
-    if not isinstance(params, dict):
-        raise MinigenError(f"{where}: field 'rope_parameters' should be an object")
-    scaling = raw.get("rope_scaling") or params
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise MinigenError(f"{where}: rope_theta should be a positive number, got {theta!r}")
-    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if kind not in ("default", "linear", "llama3"):
-        raise MinigenError(f"{where}: unsupported rope scaling type {kind!r} (minigen supports default, linear, llama3)")
-    if kind == "default":
-        return float(theta), None
-    needed = {"linear": ["factor"],
-              "llama3": ["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]}[kind]
-    for name in needed:
-        if not isinstance(scaling.get(name), (int, float)):
-            raise MinigenError(f"{where}: rope scaling {kind!r} needs a numeric {name!r}")
-    return float(theta), {"rope_type": kind, **{n: float(scaling[n]) for n in needed}}
-
-
-def _layer_types(raw: dict, model_type: str, n_layers: int, sliding, where: str) -> tuple:
-    types = raw.get("layer_types")
-    if types is not None:
-        if len(types) != n_layers or any(t not in ("full_attention", "sliding_attention") for t in types):
-            raise MinigenError(f"{where}: field 'layer_types' should list full_attention/sliding_attention "
-                               f"for each of the {n_layers} layers")
-        return tuple(types)
-    if sliding is None or (model_type == "qwen2" and not raw.get("use_sliding_window", False)):
-        return ("full_attention",) * n_layers
-    if model_type == "qwen2":  # Qwen2 slides only from layer max_window_layers on
-        first = raw.get("max_window_layers", 28)  # transformers' default
-        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n_layers))
-    return ("sliding_attention",) * n_layers
-
-
-def _check_divides(a: int, b: int, where: str, name_a: str, name_b: str):
+def _divide(a: int, b: int, where: str) -> int:
     if a % b:
-        raise MinigenError(f"{where}: {name_a}={a} is not divisible by {name_b}={b}")
+        raise MinigenError(f"{where}: hidden_size={a} is not divisible by num_attention_heads={b} "
+                           f"(and no head_dim is given)")
+    return a // b
+
+
+def _check_layers(f: dict, where: str):
+    n = f["n_layers"]
+    if len(f["layer_types"]) != n or any(t not in ("full_attention", "sliding_attention") for t in f["layer_types"]):
+        raise MinigenError(f"{where}: field 'layer_types' should list full_attention/sliding_attention "
+                           f"for each of the {n} layers")
+    if f["positions"] == "rope" and len(f["rope"]) != n:
+        raise MinigenError(f"{where}: RoPE settings for {len(f['rope'])} layers, but the model has {n}")
+
+
+class Fields:
+    """Typed reads of config.json fields, each error naming the file and the field."""
+
+    def __init__(self, raw: dict, where: str):
+        self.raw, self.where = raw, where
+
+    def _first(self, names, default, check, what):
+        for name in names:
+            value = self.raw.get(name)
+            if value is not None:
+                if not check(value):
+                    raise MinigenError(f"{self.where}: field {name!r} should be {what}, got {_short(value)}")
+                return value
+        if default is ...:
+            raise MinigenError(f"{self.where}: missing required field {names[0]!r}")
+        return default
+
+    def int(self, *names, default=...) -> int:
+        return self._first(names, default, lambda v: _is_int(v) and v > 0, "a positive integer")
+
+    def float(self, *names, default=...) -> float:
+        v = self._first(names, default, _positive, "a positive number")
+        return v if v is None else float(v)
+
+    def number(self, *names, default=...) -> float:
+        """A finite number of any sign."""
+        v = self._first(names, default, lambda v: _is_num(v) and math.isfinite(v), "a number")
+        return v if v is None else float(v)
+
+    def nullable(self, read, name: str, default):
+        """`read(name)`, except that a field present and null means None (no window, no cap)."""
+        if name in self.raw and self.raw[name] is None:
+            return None
+        return read(name, default=default)
+
+    def bool(self, *names, default=...) -> bool:
+        return self._first(names, default, lambda v: isinstance(v, bool), "true or false")
+
+    def str(self, *names, default=...) -> str:
+        return self._first(names, default, lambda v: isinstance(v, str), "a string")
+
+    def dict(self, *names) -> dict:
+        return dict(self._first(names, {}, lambda v: isinstance(v, dict), "an object"))
+
+    def list(self, *names, default=...) -> list:
+        return self._first(names, default, lambda v: isinstance(v, list), "a list")
+
+    def token_id(self, name: str) -> int | None:
+        return self._first((name,), None, lambda v: _is_int(v) and v >= 0, "a token id (an integer >= 0)")
+
+    def token_ids(self, name: str) -> tuple:
+        v = self._first((name,), None, lambda v: (_is_int(v) and v >= 0) or (
+            isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)), "a token id or a list of them")
+        return () if v is None else tuple(v) if isinstance(v, list) else (v,)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- RoPE -----------------------------------------------------------------------------------------
+
+ROPE_KINDS = ("default", "linear", "llama3", "longrope")
+
+
+def rope_parameters(get: Fields, layer_type: str | None = None) -> dict:
+    """The RoPE settings as one dict in transformers 5's shape, from whichever spelling the file uses:
+    `rope_parameters` (flat, or nested per layer type) or the older `rope_theta` + `rope_scaling`."""
+    params = get.dict("rope_parameters")
+    nested = {k: v for k, v in params.items() if isinstance(v, dict)}
+    if nested:
+        return dict(nested.get(layer_type or "full_attention") or {})
+    return {**get.dict("rope_scaling"), **params}
+
+
+def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta: float | None = None) -> Rope:
+    """One Rope. `p`: the settings in transformers 5's shape (default: `rope_parameters(get)`);
+    `theta`: the base when `p` has none (default: rope_theta / rotary_emb_base, else the family's)."""
+    where = get.where
+    p = rope_parameters(get) if p is None else p
+    if theta is None:
+        theta = get.float("rope_theta", "rotary_emb_base", default=defaults.get("rope_theta", 10000.0))
+    theta = p.get("rope_theta", theta)
+    partial = p.get("partial_rotary_factor") or get.float(
+        "partial_rotary_factor", "rotary_pct", default=defaults.get("partial_rotary_factor", 1.0))
+    kind = p.get("rope_type", p.get("type", "default"))
+    if f["model_type"] == "phi3" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
+        kind = "longrope"
+    if not _positive(theta):
+        raise MinigenError(f"{where}: rope_theta should be a positive number, got {_short(theta)}")
+    if not (_is_num(partial) and 0 < partial <= 1):
+        raise MinigenError(f"{where}: partial_rotary_factor should be in (0, 1], got {_short(partial)}")
+    if kind not in ROPE_KINDS:
+        raise MinigenError(f"{where}: unsupported rope scaling type {_short(kind)} "
+                           f"(minigen supports {', '.join(ROPE_KINDS)})")
+    dim = int(f["head_dim"] * partial)
+    rope = Rope(theta=float(theta), dim=dim - dim % 2)
+    if kind == "default":
+        return rope
+    if kind == "linear":
+        return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where))
+    if kind == "llama3":
+        return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where),
+                        low_freq_factor=_number(p, "low_freq_factor", kind, where),
+                        high_freq_factor=_number(p, "high_freq_factor", kind, where),
+                        original_max=int(p.get("original_max_position_embeddings") or f["max_position_embeddings"]))
+    return _longrope(rope, p, get, f, defaults)
+
+
+def _longrope(rope: Rope, p: dict, get: Fields, f: dict, defaults: dict) -> Rope:
+    """Phi-3's longrope: per-pair short and long factors, the switch at original_max_position_embeddings
+    (Phi-3's config keeps it at the top level, and transformers lets that win), and the attention factor."""
+    where = get.where
+    original = get.int("original_max_position_embeddings", default=defaults.get("original_max_position_embeddings")
+                       or p.get("original_max_position_embeddings") or f["max_position_embeddings"])
+    pairs = rope.dim // 2
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        v = p.get(name)
+        if not (isinstance(v, list) and len(v) == pairs and all(_positive(x) for x in v)):
+            raise MinigenError(f"{where}: rope scaling 'longrope' needs {name!r}: {pairs} positive numbers")
+        factors[name] = tuple(float(x) for x in v)
+    factor = p.get("factor") or f["max_position_embeddings"] / original
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if not _positive(attention):
+        raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {_short(attention)}")
+    return _replace(rope, kind="longrope", original_max=int(original), attention_factor=float(attention), **factors)
+
+
+def _replace(rope: Rope, **kw) -> Rope:
+    from dataclasses import replace
+    return replace(rope, **kw)
+
+
+def _number(p: dict, name: str, kind: str, where: str) -> float:
+    v = p.get(name)
+    if not _positive(v):
+        raise MinigenError(f"{where}: rope scaling {kind!r} needs a positive number {name!r}, got {v!r}")
+    return float(v)
+
+
+def _positive(v) -> bool:
+    return _is_num(v) and math.isfinite(v) and v > 0

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import MinigenError
+from .model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
 
@@ -44,6 +45,8 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
     eos, ids = frozenset(int(e) for e in eos_ids), tokens
     for n in range(1, max_tokens + 1):
         start, record = time.perf_counter(), [] if record_attention else None
+        if must_recompute(model.config, cache[0].offset, len(ids)):  # longrope's switch, as transformers
+            cache, ids = model.make_cache(cache[0].capacity), tokens
         logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
         scores = logits
         for process in processors:
@@ -146,6 +149,7 @@ class Run:
     `on_step` callbacks see every Step (ids, logits, attention weights when recorded) before its text.
     """
     model: object
+    tokenizer: object
     prompt: list[int]
     options: Options = field(default_factory=Options)
     on_step: list[Callable[[Step], None]] = field(default_factory=list)
@@ -174,7 +178,7 @@ class Run:
                              o.record_attention)
 
     def pieces(self) -> Iterator[str]:
-        detok, pending, stops = self.model.tokenizer.streamer(), "", tuple(s for s in self.options.stop if s)
+        detok, pending, stops = self.tokenizer.streamer(), "", tuple(s for s in self.options.stop if s)
         for step in self.steps():
             self._count(step)
             for callback in self.on_step:
@@ -220,22 +224,23 @@ def split_at_stop(text: str, stops: Sequence[str], final: bool = False) -> tuple
     return text[:len(text) - hold], text[len(text) - hold:], False
 
 
-def run(model, prompt: str | Sequence[int], chat: bool = False, system: str | None = None, **options) -> Run:
+def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, system: str | None = None,
+        **options) -> Run:
     """A Run from keyword options named like the CLI's flags (max_tokens, temp, top_k, ..., stop)."""
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(options.get("stop"), str):
         options["stop"] = (options["stop"],)
-    ids = prompt_ids(model.tokenizer, prompt, chat, system)
-    return Run(model, ids, Options(**options))
+    ids = prompt_ids(tokenizer, prompt, chat, system)
+    return Run(model, tokenizer, ids, Options(**options))
 
 
-def generate(model, prompt: str | Sequence[int], **options) -> str:
+def generate(model, tokenizer, prompt: str | Sequence[int], **options) -> str:
     """The generated text (the prompt not included)."""
-    return run(model, prompt, **options).text()
+    return run(model, tokenizer, prompt, **options).text()
 
 
-def stream(model, prompt: str | Sequence[int], **options) -> Iterator[str]:
+def stream(model, tokenizer, prompt: str | Sequence[int], **options) -> Iterator[str]:
     """The generated text in pieces, as it is produced (bad options raise here, not at the first piece)."""
-    return run(model, prompt, **options).pieces()
+    return run(model, tokenizer, prompt, **options).pieces()

@@ -1,8 +1,9 @@
 """Norms, activations and rotary position embeddings, as pure NumPy functions in float32.
 
 Each follows the HF modeling file it stands in for, step for step, so that the numbers agree:
-Llama's RMSNorm, Gemma's (1 + w) RMSNorm, GPT-2's LayerNorm, gelu_new / gelu_pytorch_tanh, SiLU,
-and RoPE in HF's half-split (`rotate_half`) layout with default, linear and llama3 frequencies.
+RMSNorm (Gemma's (1 + w) is folded into the weight at load), LayerNorm, gelu_new / gelu_pytorch_tanh,
+exact gelu, SiLU, tanh soft-capping, and RoPE in HF's half-split (`rotate_half`) layout, partial or
+whole, with default, linear, llama3 and longrope frequencies.
 """
 from __future__ import annotations
 
@@ -10,19 +11,20 @@ import math
 
 import numpy as np
 
+from .config import Rope
 from .errors import MinigenError
 
 
 # --- norms ---------------------------------------------------------------------------------------
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * (offset + w). offset=1 is Gemma's convention."""
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w."""
     ms = np.square(x).sum(axis=-1, keepdims=True)                 # sum, not mean: np.mean is slower
     ms *= np.float32(1.0 / x.shape[-1])
     ms += np.float32(eps)
     np.sqrt(ms, out=ms)
     y = x / ms
-    y *= (w + np.float32(offset)) if offset else w
+    y *= w
     return y
 
 
@@ -60,6 +62,14 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
     return (np.float32(0.5) * x * (1.0 + erf)).astype(np.float32)
 
 
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap), in place: Gemma 2 bounds attention scores and logits this way."""
+    x /= np.float32(cap)
+    np.tanh(x, out=x)
+    x *= np.float32(cap)
+    return x
+
+
 def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, np.float32(0))
 
@@ -79,21 +89,26 @@ def activation(name: str):
 
 # --- rotary position embeddings -----------------------------------------------------------------
 
-def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
-    """inv_freq (head_dim/2,) in float32, as transformers' rope init functions compute it."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)
-    if scaling is None:
-        return inv_freq
-    if scaling["rope_type"] == "linear":
-        return inv_freq / np.float32(scaling["factor"])
-    return _llama3_frequencies(inv_freq, scaling)
+def rope_frequencies(rope: Rope, seq_len: int = 0) -> np.ndarray:
+    """inv_freq (rope.dim/2,) in float32, as transformers' rope init functions compute it. `seq_len`
+    (the longest position this forward reaches, plus one) picks longrope's short or long factors."""
+    exponents = np.arange(0, rope.dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rope.dim)
+    base = np.float32(rope.theta) ** exponents
+    if rope.kind == "longrope":
+        factors = rope.long_factor if seq_len > rope.original_max else rope.short_factor
+        return (np.float32(1.0) / (np.asarray(factors, np.float32) * base)).astype(np.float32)
+    inv_freq = (np.float32(1.0) / base).astype(np.float32)
+    if rope.kind == "linear":
+        return inv_freq / np.float32(rope.factor)
+    if rope.kind == "llama3":
+        return _llama3_frequencies(inv_freq, rope)
+    return inv_freq
 
 
-def _llama3_frequencies(inv_freq: np.ndarray, s: dict) -> np.ndarray:
+def _llama3_frequencies(inv_freq: np.ndarray, r: Rope) -> np.ndarray:
     """Llama 3.1's scaling: long wavelengths divided by `factor`, short ones kept, a smooth blend between."""
-    factor, low, high, old_len = (np.float32(s[k]) for k in
-                                  ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
+    factor, low, high, old_len = (np.float32(v) for v in
+                                  (r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max))
     wavelen = np.float32(2 * math.pi) / inv_freq
     scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
     smooth = (old_len / wavelen - low) / (high - low)
@@ -102,19 +117,32 @@ def _llama3_frequencies(inv_freq: np.ndarray, s: dict) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_tables(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, each (T, head_dim): the frequencies repeated for both halves (half-split layout)."""
-    freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
-    emb = np.concatenate([freqs, freqs], axis=-1)                       # (T, head_dim)
-    return np.cos(emb), np.sin(emb)
+def rope_tables(rope: Rope, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, each (T, rope.dim): the frequencies repeated for both halves (half-split layout),
+    times longrope's attention factor. One forward uses one set of frequencies, chosen by its last
+    position, as transformers does."""
+    inv_freq = rope_frequencies(rope, int(positions[-1]) + 1 if len(positions) else 0)
+    freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, dim/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)                       # (T, dim)
+    cos, sin = np.cos(emb), np.sin(emb)
+    if rope.attention_factor != 1.0:
+        cos *= np.float32(rope.attention_factor)
+        sin *= np.float32(rope.attention_factor)
+    return cos, sin
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x * cos + rotate_half(x) * sin for x (..., head_dim), cos and sin broadcastable to x.
-    rotate_half pairs dimension i with i + head_dim/2, HF's layout, not the interleaved (2i, 2i+1)
-    pairs of the original paper and llama.cpp. Written as two half-updates: no concatenated copy."""
-    half = x.shape[-1] // 2
-    out = x * cos
-    out[..., :half] -= x[..., half:] * sin[..., :half]
-    out[..., half:] += x[..., :half] * sin[..., half:]
+    """x * cos + rotate_half(x) * sin on the first r = cos.shape[-1] dims of x (..., head_dim); the
+    rest pass through (partial rotary: Phi-3, GPT-NeoX). rotate_half pairs dimension i with i + r/2,
+    HF's layout, not the interleaved (2i, 2i+1) pairs of the original paper and llama.cpp. Written as
+    two half-updates: no concatenated copy."""
+    r = cos.shape[-1]
+    half = r // 2
+    if r == x.shape[-1]:
+        out = x * cos
+    else:
+        out = x.copy()
+        out[..., :r] *= cos
+    out[..., :half] -= x[..., half:r] * sin[..., :half]
+    out[..., half:r] += x[..., :half] * sin[..., half:]
     return out

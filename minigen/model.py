@@ -7,7 +7,13 @@ Shape letters:
     d  head_dim         F  MLP intermediate size
 
 Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up are fused at load
-(weights.py). One function serves every family: the differences are the fields of `cfg.family`.
+(weights.py). One function serves every family: the differences are fields of `Config` (config.py),
+which each family sets in families.py. A layer is
+
+    a = attention(attn_norm(x))      [no pre-norm: OLMo 2]      a = attn_post_norm(a)  [Gemma 2/3, OLMo 2]
+    x = x + a                                                   [parallel: x + a + mlp(mlp_norm(x)), GPT-NeoX]
+    m = mlp(mlp_norm(x))                                        m = mlp_post_norm(m)
+    x = x + m
 """
 from __future__ import annotations
 
@@ -17,61 +23,107 @@ import numpy as np
 
 from .attention import causal_attention
 from .cache import KVCache, make_cache
-from .config import Config, load_config
-from .errors import MinigenError, read_json_object
-from .layers import activation, apply_rope, layer_norm, rms_norm, rope_frequencies, rope_tables
-from .tokenizer import Tokenizer
-from .weights import load_params
+from .config import Config
+from .errors import MinigenError
+from .layers import activation, apply_rope, layer_norm, rms_norm, rope_tables, softcap
+
+
+class Hooks:
+    """Ways to look at or change a forward pass from outside (minigen.inspect). Each method gets the
+    layer index and an array and returns the array to go on with; these defaults change nothing."""
+
+    def z(self, layer: int, z: np.ndarray) -> np.ndarray:
+        """(T, H, d): each head's output, before the output projection (TransformerLens's hook_z)."""
+        return z
+
+    def attn_out(self, layer: int, a: np.ndarray) -> np.ndarray:
+        """(T, D): what the attention block adds to the residual stream."""
+        return a
+
+    def mlp_out(self, layer: int, m: np.ndarray) -> np.ndarray:
+        """(T, D): what the MLP block adds to the residual stream."""
+        return m
+
+    def resid(self, layer: int, x: np.ndarray) -> None:
+        """(T, D): the residual stream after the layer (read only)."""
 
 
 # --- the forward pass ------------------------------------------------------------------------------
 
-def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache],
-            last_only: bool = False, record: list | None = None) -> np.ndarray:
+def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], last_only: bool = False,
+            record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
     (H, T, S) to `record` when it is a list; the cache advances by T."""
-    x = hidden(params, cfg, ids, cache, record)                              # (T, D)
-    if last_only:
-        x = x[-1:]                                                           # (1, D)
-    return norm(x, params, cfg, "final_norm") @ params["lm_head"].T          # (T, V)
+    x = hidden(params, cfg, ids, cache, record, hooks=hooks)                 # (T, D)
+    return unembed(x[-1:] if last_only else x, params, cfg)                 # (T, V)
 
 
 def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], record: list | None = None,
-           n_layers: int | None = None) -> np.ndarray:
+           n_layers: int | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """The residual stream (T, D) after the first n_layers layers (all of them by default)."""
     positions = np.arange(cache[0].offset, cache[0].offset + len(ids))
     x = embed(params, cfg, ids, positions)                                   # (T, D), our own copy
-    rope = rope_for(params, cfg, positions)
+    tables = rope_for(cfg, positions)
     for i in range(cfg.n_layers if n_layers is None else n_layers):
-        p = params["layers"][i]
-        x += attention_block(norm(x, p, cfg, "attn_norm"), p, cfg, cache[i], rope, window(cfg, i), record)
-        x += mlp_block(norm(x, p, cfg, "mlp_norm"), p, cfg)
+        x = layer(x, params["layers"][i], cfg, i, cache[i], tables.get(rope_of(cfg, i)), record, hooks)
     return x
 
 
-def rope_for(params: dict, cfg: Config, positions: np.ndarray):
-    """(cos, sin) tables for these positions, or None for families with learned positions."""
-    return rope_tables(params["inv_freq"], positions) if cfg.family.positions == "rope" else None
+def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, record, hooks) -> np.ndarray:
+    """One decoder layer on the residual stream x (T, D), updated in place and returned."""
+    a = attention_block(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, i, cache, rope, record, hooks)
+    if cfg.post_norms:
+        a = norm(a, p, cfg, "attn_post_norm")
+    if hooks:
+        a = hooks.attn_out(i, a)
+    if cfg.parallel_residual:  # both blocks read the same x
+        m = mlp_out(norm(x, p, cfg, "mlp_norm"), p, cfg, i, hooks)
+        x += a
+    else:
+        x += a
+        m = mlp_out(norm(x, p, cfg, "mlp_norm") if cfg.pre_norms else x, p, cfg, i, hooks)
+    x += m
+    if hooks:
+        hooks.resid(i, x)
+    return x
 
 
-def window(cfg: Config, layer: int) -> int | None:
-    """The sliding window of this layer, or None for full causal attention."""
-    return cfg.sliding_window if cfg.is_sliding(layer) else None
+def mlp_out(x: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> np.ndarray:
+    m = mlp_block(x, p, cfg)
+    if cfg.post_norms:
+        m = norm(m, p, cfg, "mlp_post_norm")
+    return hooks.mlp_out(i, m) if hooks else m
+
+
+def rope_of(cfg: Config, layer: int):
+    """This layer's Rope, or None (learned positions, or a layer without RoPE)."""
+    return cfg.rope[layer] if cfg.positions == "rope" else None
+
+
+def rope_for(cfg: Config, positions: np.ndarray) -> dict:
+    """{Rope: (cos, sin) for these positions}: one table per distinct RoPE of the model."""
+    return {r: rope_tables(r, positions) for r in set(cfg.rope) if r is not None} if cfg.positions == "rope" else {}
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     x = params["embed"][ids]                                                 # (T, D), a copy
-    if cfg.family.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
-        x = x * np.float32(cfg.hidden_size ** 0.5)
-    if cfg.family.positions == "learned":
-        x = x + params["pos_embed"][positions]
+    if cfg.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
+        x *= np.float32(cfg.hidden_size ** 0.5)
+    if cfg.positions == "learned":
+        x += params["pos_embed"][positions]
     return x
 
 
+def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
+    """The final norm, the output projection, and the family's soft-cap: (T, D) -> (T, V)."""
+    logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (T, V)
+    return softcap(logits, cfg.final_softcap) if cfg.final_softcap else logits
+
+
 def norm(x: np.ndarray, p: dict, cfg: Config, name: str) -> np.ndarray:
-    if cfg.family.norm == "layer":
+    if cfg.norm == "layer":
         return layer_norm(x, p[name], p[name + "_b"], cfg.norm_eps)
-    return rms_norm(x, p[name], cfg.norm_eps, cfg.family.norm_offset)
+    return rms_norm(x, p[name], cfg.norm_eps)
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
@@ -80,10 +132,17 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 
 def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Project x (T, D) to q (H, T, d), k and v (KV, T, d), with RoPE applied to q and k."""
+    """Project x (T, D) to q (H, T, d), k and v (KV, T, d): the family's q/k norm, then RoPE on q and k."""
     T, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (T, (H + 2 KV) d)
-    qk = qkv[:, :(H + KV) * d].reshape(T, H + KV, d)                         # (T, H + KV, d)
+    qk = qkv[:, :(H + KV) * d]                                               # (T, (H + KV) d)
+    if cfg.qk_norm == "proj":  # OLMo 2: over the whole q and k projections
+        qk = np.concatenate([rms_norm(qk[:, :H * d], p["q_norm"], cfg.norm_eps),
+                             rms_norm(qk[:, H * d:], p["k_norm"], cfg.norm_eps)], axis=1)
+    qk = qk.reshape(T, H + KV, d)                                            # (T, H + KV, d)
+    if cfg.qk_norm == "head":  # Qwen 3, Gemma 3: over each head's d dims
+        qk = np.concatenate([rms_norm(qk[:, :H], p["q_norm"], cfg.norm_eps),
+                             rms_norm(qk[:, H:], p["k_norm"], cfg.norm_eps)], axis=1)
     if rope is not None:  # q and k heads rotate alike: one call for both
         cos, sin = rope
         qk = apply_rope(qk, cos[:, None], sin[:, None])
@@ -92,22 +151,25 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
     return qk[:H], qk[H:], v
 
 
-def attention_block(x: np.ndarray, p: dict, cfg: Config, cache: KVCache, rope, window: int | None,
-                    record: list | None) -> np.ndarray:
+def attention_block(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope,
+                    record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
     T, H, d = x.shape[0], cfg.n_heads, cfg.head_dim
     q, k, v = qkv_heads(x, p, cfg, rope)
     offset = cache.offset
     k, v = cache.update_and_fetch(k, v)                                      # (KV, S, d)
-    out, weights = causal_attention(q, k, v, offset, window, record is not None)  # (H, T, d), (H, T, S)
+    out, weights = causal_attention(q, k, v, offset, cfg.window(i), record is not None,
+                                    cfg.attn_scale, cfg.attn_softcap)        # (H, T, d), (H, T, S)
     if record is not None:
         record.append(weights)
-    out = out.transpose(1, 0, 2).reshape(T, H * d)                           # (T, H d)
-    return linear(out, p["wo"], p.get("bo"))
+    z = out.transpose(1, 0, 2)                                               # (T, H, d)
+    if hooks:
+        z = hooks.z(i, z)
+    return linear(z.reshape(T, H * d), p["wo"], p.get("bo"))
 
 
 def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
     act = activation(cfg.act)
-    if cfg.family.mlp == "plain":
+    if cfg.mlp == "plain":
         return linear(act(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
     gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (T, 2F)
     F = gate_up.shape[-1] // 2
@@ -116,22 +178,34 @@ def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
     return linear(h, p["w_down"], p.get("b_down"))
 
 
+def must_recompute(cfg: Config, offset: int, n_new: int) -> bool:
+    """Whether the cache has to be rebuilt before feeding n_new tokens at `offset`: longrope switches
+    to its long factors once the sequence passes original_max_position_embeddings, and transformers
+    then recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation)."""
+    return any(r is not None and r.kind == "longrope" and 0 < offset <= r.original_max < offset + n_new
+               for r in set(cfg.rope))
+
+
 # --- the loaded model --------------------------------------------------------------------------------
 
 class Model:
-    """A checkpoint in memory: config, float32 params, tokenizer. Holds no generation state."""
+    """A checkpoint's forward pass: its Config and float32 params. It holds no generation state (the
+    cache is passed in) and loads nothing itself: `minigen.load` builds it beside the tokenizer."""
 
-    def __init__(self, config: Config, params: dict, tokenizer: Tokenizer, generation_config: dict, path: Path):
-        self.config, self.params, self.tokenizer = config, params, tokenizer
-        self.generation_config, self.path = generation_config, path
+    def __init__(self, config: Config, params: dict, generation_config: dict | None = None,
+                 path: Path | str | None = None):
+        self.config, self.params = config, params
+        self.generation_config = generation_config or {}   # generation_config.json: sampling defaults, EOS
+        self.path = path
 
     def make_cache(self, capacity: int = 256) -> list[KVCache]:
         c = self.config
         return make_cache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
 
-    def forward(self, ids, cache: list[KVCache], last_only: bool = False, record: list | None = None) -> np.ndarray:
+    def forward(self, ids, cache: list[KVCache], last_only: bool = False, record: list | None = None,
+                hooks: Hooks | None = None) -> np.ndarray:
         ids = self._check_ids(ids)
-        return forward(self.params, self.config, ids, cache, last_only, record)
+        return forward(self.params, self.config, ids, cache, last_only, record, hooks)
 
     def logits(self, ids) -> np.ndarray:
         """Uncached forward over all ids: float32 (len(ids), vocab_size)."""
@@ -149,27 +223,9 @@ class Model:
     @property
     def n_params(self) -> int:
         seen, total = set(), 0
-        for a in [v for k, v in self.params.items() if k not in ("layers", "inv_freq")] + \
+        for a in [v for k, v in self.params.items() if k != "layers"] + \
                  [v for layer in self.params["layers"] for v in layer.values()]:
             if id(a) not in seen:
                 seen.add(id(a))
                 total += a.size
         return total
-
-
-def load(path: str | Path) -> Model:
-    """Load a Hugging Face checkpoint directory: config, weights (float32), tokenizer, generation config."""
-    path = Path(path)
-    if not path.is_dir():
-        raise MinigenError(f"{path}: no such checkpoint directory")
-    cfg = load_config(path)
-    activation(cfg.act)  # fail at load, not mid-forward, on an unknown activation
-    tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
-    params = load_params(path, cfg)
-    params["inv_freq"] = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    return Model(cfg, params, tokenizer, _generation_config(path), path)
-
-
-def _generation_config(path: Path) -> dict:
-    file = path / "generation_config.json"
-    return read_json_object(file) if file.is_file() else {}

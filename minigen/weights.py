@@ -1,11 +1,12 @@
 """How HF tensors become our arrays: safetensors (single or sharded), float32/float16/bfloat16,
-per-family name maps, shape checks, tied embeddings, fused projections.
+the family's name table (families.py), shape checks, tied embeddings, fused projections.
 
 Layout convention: every projection is kept as HF's Linear stores it, `(out, in)`, and applied as
 `x @ w.T` (BLAS takes the transpose without a copy). GPT-2's Conv1D weights are stored `(in, out)`
 and are transposed once here. q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into
-one `(2 * inter, in)` matrix, read straight into their slice of the fused buffer, so fusing costs
-no second copy. Unfused float32 tensors are memory-mapped, not read.
+one `(2 * inter, in)` matrix, read straight into their slice of the fused buffer (a checkpoint that
+stores them fused, like Phi-3's, is read as it is). Single float32 tensors are memory-mapped, not
+read; fused ones are read into memory once, so they cost their size but no second copy.
 """
 from __future__ import annotations
 
@@ -131,135 +132,135 @@ def _mapped(ref: TensorRef) -> np.ndarray:
     return np.frombuffer(mapping, np.float32, count, ref.start).reshape(ref.shape)
 
 
-# --- HF names -> canonical names -------------------------------------------------------------
-
-# canonical per-layer name -> HF template; {} is the layer index.
-LLAMA_NAMES = {
-    "attn_norm": "model.layers.{}.input_layernorm.weight",
-    "wq": "model.layers.{}.self_attn.q_proj.weight",
-    "wk": "model.layers.{}.self_attn.k_proj.weight",
-    "wv": "model.layers.{}.self_attn.v_proj.weight",
-    "bq": "model.layers.{}.self_attn.q_proj.bias",
-    "bk": "model.layers.{}.self_attn.k_proj.bias",
-    "bv": "model.layers.{}.self_attn.v_proj.bias",
-    "wo": "model.layers.{}.self_attn.o_proj.weight",
-    "bo": "model.layers.{}.self_attn.o_proj.bias",
-    "mlp_norm": "model.layers.{}.post_attention_layernorm.weight",
-    "w_gate": "model.layers.{}.mlp.gate_proj.weight",
-    "w_up": "model.layers.{}.mlp.up_proj.weight",
-    "w_down": "model.layers.{}.mlp.down_proj.weight",
-    "b_gate": "model.layers.{}.mlp.gate_proj.bias",
-    "b_up": "model.layers.{}.mlp.up_proj.bias",
-    "b_down": "model.layers.{}.mlp.down_proj.bias",
-}
-LLAMA_GLOBALS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "lm_head": "lm_head.weight"}
-LLAMA_IGNORED = ("model.layers.{}.self_attn.rotary_emb.inv_freq",)
-
-GPT2_NAMES = {
-    "attn_norm": "h.{}.ln_1.weight", "attn_norm_b": "h.{}.ln_1.bias",
-    "wqkv": "h.{}.attn.c_attn.weight", "bqkv": "h.{}.attn.c_attn.bias",
-    "wo": "h.{}.attn.c_proj.weight", "bo": "h.{}.attn.c_proj.bias",
-    "mlp_norm": "h.{}.ln_2.weight", "mlp_norm_b": "h.{}.ln_2.bias",
-    "w_up": "h.{}.mlp.c_fc.weight", "b_up": "h.{}.mlp.c_fc.bias",
-    "w_down": "h.{}.mlp.c_proj.weight", "b_down": "h.{}.mlp.c_proj.bias",
-}
-GPT2_GLOBALS = {"embed": "wte.weight", "pos_embed": "wpe.weight", "final_norm": "ln_f.weight",
-                "final_norm_b": "ln_f.bias", "lm_head": "lm_head.weight"}
-GPT2_IGNORED = ("h.{}.attn.bias", "h.{}.attn.masked_bias")  # causal-mask buffers in old checkpoints
-GPT2_CONV1D = ("wqkv", "wo", "w_up", "w_down")              # stored (in, out)
-
+# --- canonical tensors: shapes from the config, names from the family ------------------------------
 
 def expected_shapes(cfg: Config) -> tuple[dict, dict]:
-    """(global shapes, per-layer shapes) in HF's own storage layout, for every tensor the family has."""
-    d, v, hd, f = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    if cfg.model_type == "gpt2":
-        glob = {"embed": (v, d), "pos_embed": (cfg.max_position_embeddings, d), "final_norm": (d,),
-                "final_norm_b": (d,), "lm_head": (v, d)}
-        layer = {"attn_norm": (d,), "attn_norm_b": (d,), "wqkv": (d, 3 * d), "bqkv": (3 * d,), "wo": (d, d),
-                 "bo": (d,), "mlp_norm": (d,), "mlp_norm_b": (d,), "w_up": (d, f), "b_up": (f,),
-                 "w_down": (f, d), "b_down": (d,)}
-        return glob, layer
-    glob = {"embed": (v, d), "final_norm": (d,), "lm_head": (v, d)}
-    layer = {"attn_norm": (d,), "wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "mlp_norm": (d,),
-             "w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
-    if cfg.attention_bias:
-        layer.update(bq=(q,), bk=(kv,), bv=(kv,))
-    if cfg.raw.get("attention_bias") and cfg.model_type == "llama":
-        layer.update(bo=(d,))
+    """(global, per-layer) canonical tensors this config has, with their shapes in minigen's layout:
+    every projection (out, in), q/k/v and gate/up fused by rows."""
+    D, V, d, F = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.n_heads * d, cfg.n_kv_heads * d
+    layer_norm = cfg.norm == "layer"
+    glob = {"embed": (V, D), "final_norm": (D,), "lm_head": (V, D)}
+    if cfg.positions == "learned":
+        glob["pos_embed"] = (cfg.max_position_embeddings, D)
+    norms = (["attn_norm", "mlp_norm"] if cfg.pre_norms else []) + \
+            (["attn_post_norm", "mlp_post_norm"] if cfg.post_norms else [])
+    layer = {n: (D,) for n in norms}
+    if cfg.qk_norm:
+        layer.update(q_norm=(d,) if cfg.qk_norm == "head" else (q,), k_norm=(d,) if cfg.qk_norm == "head" else (kv,))
+    layer.update(wqkv=(q + 2 * kv, D), wo=(D, q), w_down=(D, F))
+    layer.update(w_gate_up=(2 * F, D)) if cfg.mlp == "gated" else layer.update(w_up=(F, D))
+    if cfg.qkv_bias:
+        layer["bqkv"] = (q + 2 * kv,)
+    if cfg.o_bias:
+        layer["bo"] = (D,)
     if cfg.mlp_bias:
-        layer.update(b_gate=(f,), b_up=(f,), b_down=(d,))
+        layer.update({"b_gate_up" if cfg.mlp == "gated" else "b_up": (2 * F if cfg.mlp == "gated" else F,), "b_down": (D,)})
+    if layer_norm:
+        glob["final_norm_b"] = (D,)
+        layer.update({n + "_b": (D,) for n in norms})
     return glob, layer
 
 
-def _names(cfg: Config) -> tuple[dict, dict, tuple, str]:
-    if cfg.model_type == "gpt2":
-        return GPT2_GLOBALS, GPT2_NAMES, GPT2_IGNORED, "transformer."
-    return LLAMA_GLOBALS, LLAMA_NAMES, LLAMA_IGNORED, ""
+def row_splits(cfg: Config, name: str) -> list[int]:
+    """How a fused canonical tensor's rows split into the checkpoint's separate tensors."""
+    d, F = cfg.head_dim, cfg.intermediate_size
+    if name in ("wqkv", "bqkv"):
+        return [cfg.n_heads * d, cfg.n_kv_heads * d, cfg.n_kv_heads * d]
+    return [F, F]  # w_gate_up, b_gate_up
 
 
-def resolve(cfg: Config, refs: dict[str, TensorRef], where: Path) -> tuple[dict, list[dict]]:
-    """Map HF tensor names to canonical ones; fail on unknown, missing or misshapen tensors."""
-    glob_names, layer_names, ignored, prefix = _names(cfg)
-    refs = {(k[len(prefix):] if prefix and k.startswith(prefix) else k): r for k, r in refs.items()}
+@dataclass(frozen=True)
+class Source:
+    """Where one canonical tensor comes from: checkpoint tensors stacked by rows, then a fix."""
+    refs: tuple          # TensorRef per part
+    shape: tuple         # canonical shape
+    fix: str | None = None
+
+
+def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tuple[dict, list[dict]]:
+    """Canonical name -> Source, global and per layer; fail on unknown, missing or misshapen tensors."""
+    for prefix in family.prefixes:
+        refs = {(k[len(prefix):] if k.startswith(prefix) else k): r for k, r in refs.items()}
     glob_shapes, layer_shapes = expected_shapes(cfg)
-    wanted = {glob_names[k]: (None, k, s) for k, s in glob_shapes.items()}
-    for i in range(cfg.n_layers):
-        wanted.update({layer_names[k].format(i): (i, k, s) for k, s in layer_shapes.items()})
-    drop = {t.format(i) for t in ignored for i in range(cfg.n_layers)}
+    drop = {t.format(i) for t in family.ignored for i in range(cfg.n_layers)}
+    wanted = {}  # checkpoint name -> (layer or None, canonical, part index, part shape)
+    plan = [(None, k, s) for k, s in glob_shapes.items()] + \
+           [(i, k, s) for i in range(cfg.n_layers) for k, s in layer_shapes.items()]
+    for i, key, shape in plan:
+        for j, (name, part) in enumerate(_parts(cfg, family, key, shape)):
+            wanted[name.format(i)] = (i, key, j, part)
     unknown = sorted(set(refs) - set(wanted) - drop)
     if unknown:
         raise MinigenError(f"{where}: unexpected tensor {unknown[0]!r} for a {cfg.model_type} checkpoint "
                            f"with {cfg.n_layers} layers" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    glob, layers = {}, [{} for _ in range(cfg.n_layers)]
-    for hf_name, (i, key, shape) in wanted.items():
-        if hf_name not in refs:
-            if key == "lm_head" and cfg.tie_word_embeddings is not False:
+    found: dict = {}
+    for name, (i, key, j, part) in wanted.items():
+        if name not in refs:
+            if key == "lm_head" and cfg.tie_word_embeddings:
                 continue
-            if key == "lm_head":
-                raise MinigenError(f"{where}: missing tensor 'lm_head.weight' (config.json says tie_word_embeddings is false)")
-            raise MinigenError(f"{where}: missing tensor {hf_name!r}")
-        ref = refs[hf_name]
-        if tuple(ref.shape) != tuple(shape):
-            raise MinigenError(f"{ref.file}: tensor {hf_name!r} has shape {list(ref.shape)}, expected {list(shape)}")
-        (glob if i is None else layers[i])[key] = ref
+            hint = " (config.json says tie_word_embeddings is false)" if key == "lm_head" else ""
+            raise MinigenError(f"{where}: missing tensor {name!r}{hint}")
+        ref = refs[name]
+        if tuple(ref.shape) != part:
+            raise MinigenError(f"{ref.file}: tensor {name!r} has shape {list(ref.shape)}, expected {list(part)}")
+        found.setdefault((i, key), {})[j] = ref
+    glob, layers = {}, [{} for _ in range(cfg.n_layers)]
+    for (i, key), parts in found.items():
+        shape = glob_shapes[key] if i is None else layer_shapes[key]
+        src = Source(tuple(parts[j] for j in sorted(parts)), shape, family.fix.get(key))
+        (glob if i is None else layers[i])[key] = src
     return glob, layers
+
+
+def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple]]:
+    """(checkpoint name template, its shape) for each part of a canonical tensor."""
+    names = family.tensors.get(key)
+    if names is None:
+        raise MinigenError(f"{cfg.model_type}: minigen has no checkpoint name for {key!r} (a bug in families.py)")
+    if isinstance(names, str):
+        conv1d = family.fix.get(key) == "conv1d" and len(shape) == 2
+        return [(names, shape[::-1] if conv1d else shape)]
+    return [(n, (rows,) + shape[1:]) for n, rows in zip(names, row_splits(cfg, key))]
 
 
 # --- canonical params ---------------------------------------------------------------------------
 
-def load_params(path: Path, cfg: Config) -> dict:
+def load_params(path: Path, cfg: Config, family) -> dict:
     """All weights as float32 arrays: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}."""
-    glob, layers = resolve(cfg, index_checkpoint(path), path)
-    params = {k: read_tensor(r) for k, r in glob.items()}
+    glob, layers = resolve(cfg, family, index_checkpoint(path), path)
+    params = {k: _read(s, cfg, family, k) for k, s in glob.items()}
     if "lm_head" not in params:  # tied: the embedding doubles as the output projection
         params["lm_head"] = params["embed"]
-    params["layers"] = [_layer_params(cfg, refs) for refs in layers]
+    params["layers"] = [{k: _read(s, cfg, family, k) for k, s in srcs.items()} for srcs in layers]
     return params
 
 
-def _layer_params(cfg: Config, refs: dict) -> dict:
-    if cfg.model_type == "gpt2":
-        out = {k: read_tensor(r) for k, r in refs.items()}
-        for k in GPT2_CONV1D:  # Conv1D (in, out) -> Linear (out, in)
-            out[k] = np.ascontiguousarray(out[k].T)
-        return out
-    out = {k: read_tensor(r) for k, r in refs.items() if k not in ("wq", "wk", "wv", "w_gate", "w_up", "bq", "bk", "bv")}
-    out["wqkv"] = _fused([refs["wq"], refs["wk"], refs["wv"]])
-    out["w_gate_up"] = _fused([refs["w_gate"], refs["w_up"]])
-    if "bq" in refs:
-        out["bqkv"] = _fused([refs["bq"], refs["bk"], refs["bv"]])
-    if "b_gate" in refs:
-        out["b_gate_up"] = _fused([refs["b_gate"], refs["b_up"]])
-    return out
+def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
+    """One canonical tensor as float32: a single float32 part is memory-mapped; parts are read straight
+    into their rows of one buffer; then the family's fix, and the norm offset."""
+    if len(src.refs) == 1:
+        w = read_tensor(src.refs[0])
+    else:
+        w = np.empty(src.shape, np.float32)
+        start = 0
+        for ref in src.refs:
+            read_tensor(ref, w[start:start + ref.shape[0]])
+            start += ref.shape[0]
+    if src.fix:
+        w = FIXES[src.fix](w, cfg)
+    if family.norm_offset and "norm" in key and not key.endswith("_b"):
+        w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
+    return w
 
 
-def _fused(refs: list[TensorRef]) -> np.ndarray:
-    """Row-stack tensors, each read straight into its slice of one float32 buffer."""
-    rows = [r.shape[0] for r in refs]
-    out = np.empty((sum(rows),) + tuple(refs[0].shape[1:]), np.float32)
-    start = 0
-    for r, n in zip(refs, rows):
-        read_tensor(r, out[start:start + n])
-        start += n
-    return out
+def _neox_qkv(w: np.ndarray, cfg: Config) -> np.ndarray:
+    """GPT-NeoX interleaves q, k, v per head: rows (H, 3, d) -> (3, H, d), our [all q; all k; all v]."""
+    H, d = cfg.n_heads, cfg.head_dim
+    return np.ascontiguousarray(w.reshape(H, 3, d, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape))
+
+
+FIXES = {
+    "conv1d": lambda w, cfg: np.ascontiguousarray(w.T),   # GPT-2's Conv1D stores (in, out)
+    "neox_qkv": _neox_qkv,
+}

@@ -42,9 +42,9 @@ def worker_minigen(args) -> dict:
     from minigen.generate import generate_step
 
     start = time.perf_counter()
-    model = minigen.load(args.model)
+    model, tokenizer = minigen.load(args.model)
     load_s = time.perf_counter() - start
-    ids = prompt_ids(model.tokenizer, args.prompt_tokens)
+    ids = prompt_ids(tokenizer, args.prompt_tokens)
     prefill, decode, tokens = [], [], None
     for _ in range(args.runs):
         seconds, tokens = [], []  # keep no Step: each holds its (V,) logits

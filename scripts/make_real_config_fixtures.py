@@ -80,7 +80,7 @@ def hf_reference(model, ids: list[int]) -> dict:
 
 
 def minigen_reference(path: Path, ids: list[int]) -> dict:
-    m = minigen.load(path)
+    m = minigen.load(path)[0]
     record: list = []
     logits = m.forward(np.array(ids), m.make_cache(64), record=record)
     seq = list(ids)

@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 def main():
     print(f"{'fixture':18s} {'family':8s} {'max|Δlogit|':>12s} {'max|Δattn|':>11s}  greedy")
     for ref_file in sorted(FIXTURES.glob("*/reference.npz")):
-        model, ref = minigen.load(ref_file.parent), np.load(ref_file)
+        model, ref = minigen.load(ref_file.parent)[0], np.load(ref_file)
         record = []
         logits = model.forward(ref["input_ids"], model.make_cache(), record=record)
         # greedy through the generation loop (EOS ignored), as `minigen generate --temp 0` runs it

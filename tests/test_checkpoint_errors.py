@@ -137,7 +137,7 @@ def test_shard_missing(ckpt, tmp_path):
 
 
 def test_token_id_out_of_range(ckpt):
-    model = minigen.load(ckpt)
+    model = minigen.load(ckpt)[0]
     with pytest.raises(MinigenError, match="outside the vocabulary"):
         model.logits([1, 2, 64])
 

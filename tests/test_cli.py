@@ -21,7 +21,7 @@ GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is 
 
 @lru_cache(maxsize=None)
 def fixture(name):
-    return minigen.load(FIXTURES / name), dict(np.load(FIXTURES / name / "reference.npz"))
+    return (*minigen.load(FIXTURES / name), dict(np.load(FIXTURES / name / "reference.npz")))
 
 
 def cli(*args, input=None):
@@ -33,20 +33,20 @@ def gen(name, *args, input=None):
 
 
 def greedy_text(name, n=20):
-    model, ref = fixture(name)
-    return model.tokenizer.decode(ref["greedy_ids"][:n])
+    model, tok, ref = fixture(name)
+    return tok.decode(ref["greedy_ids"][:n])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_equals_hf(name):
-    _, ref = fixture(name)
+    _, tok, ref = fixture(name)
     r = gen(name, "-p", str(ref["prompt"]), "-m", 20, "--ignore-eos", "--temp", 0, "-q")
     assert r.exit_code == 0, r.output
     assert r.stdout == greedy_text(name) and r.stderr == ""
 
 
 def test_prompt_sources(tmp_path):
-    _, ref = fixture("qwen2")
+    _, tok, ref = fixture("qwen2")
     prompt, want = str(ref["prompt"]), greedy_text("qwen2", 5)
     (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
     for args, stdin in [((prompt,), None), (("-p", prompt), None), (("-p", "-"), prompt),
@@ -60,26 +60,26 @@ def test_prompt_sources(tmp_path):
 
 
 def test_max_tokens_aliases():
-    _, ref = fixture("gpt2")
+    _, tok, ref = fixture("gpt2")
     for flag in ("-m", "-n", "--max-tokens"):
         r = gen("gpt2", str(ref["prompt"]), flag, 3, "--ignore-eos", "-q")
         assert r.stdout == greedy_text("gpt2", 3)
 
 
 def test_sampling_flags_match_api():
-    model, ref = fixture("llama_gqa3")
+    model, tok, ref = fixture("llama_gqa3")
     prompt = str(ref["prompt"])
     flags = dict(temp=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.3, repeat_last_n=16, seed=11)
     args = [a for k, v in flags.items() for a in ("--" + k.replace("_", "-"), v)]
     r1, r2 = (gen("llama_gqa3", prompt, *args, "-m", 12, "--ignore-eos", "-q") for _ in range(2))
     assert r1.exit_code == 0 and r1.stdout == r2.stdout
-    assert r1.stdout == minigen.generate(model, prompt, max_tokens=12, ignore_eos=True, **flags)
+    assert r1.stdout == minigen.generate(model, tok, prompt, max_tokens=12, ignore_eos=True, **flags)
     other = gen("llama_gqa3", prompt, *args[:-1], 12, "-m", 12, "--ignore-eos", "-q")
     assert other.stdout != r1.stdout
 
 
 def test_stop_repeatable():
-    _, ref = fixture("llama_gqa3")
+    _, tok, ref = fixture("llama_gqa3")
     full = greedy_text("llama_gqa3")
     a, b = full[6:9], full[12:15]
     r = gen("llama_gqa3", str(ref["prompt"]), "-m", 20, "--ignore-eos", "-q", "--stop", b, "--stop", a)
@@ -91,7 +91,7 @@ def eos_checkpoint(tmp_path):
     """llama_gqa3 with its generation_config's eos_token_id set to a token greedy decoding reaches."""
     path = tmp_path / "ckpt"
     shutil.copytree(FIXTURES / "llama_gqa3", path)
-    greedy = fixture("llama_gqa3")[1]["greedy_ids"].tolist()
+    greedy = fixture("llama_gqa3")[2]["greedy_ids"].tolist()
     k = next(i for i in range(3, 20) if greedy[i] not in greedy[:i])
     gc = json.loads((path / "generation_config.json").read_text())
     gc["eos_token_id"] = [greedy[k], 0]
@@ -101,7 +101,7 @@ def eos_checkpoint(tmp_path):
 
 def test_eos_and_ignore_eos(eos_checkpoint):
     path, k = eos_checkpoint
-    prompt = str(fixture("llama_gqa3")[1]["prompt"])
+    prompt = str(fixture("llama_gqa3")[2]["prompt"])
     r = cli("generate", "--model", path, prompt, "-m", 20, "-q")
     assert r.exit_code == 0 and r.stdout == greedy_text("llama_gqa3", k)
     r = cli("generate", "--model", path, prompt, "-m", 20, "-q", "--ignore-eos")
@@ -109,21 +109,21 @@ def test_eos_and_ignore_eos(eos_checkpoint):
 
 
 def test_chat_and_system():
-    model, ref = fixture("qwen2")
-    ids = model.tokenizer.encode(str(ref["chat_text"]), add_special_tokens=False)  # transformers' rendering
-    want = model.tokenizer.decode([s.token for s in GENERATE.generate_step(model, ids, max_tokens=6)])
+    model, tok, ref = fixture("qwen2")
+    ids = tok.encode(str(ref["chat_text"]), add_special_tokens=False)  # transformers' rendering
+    want = tok.decode([s.token for s in GENERATE.generate_step(model, ids, max_tokens=6)])
     r = gen("qwen2", "Say hello in French, please.", "--system", "You are a tiny test model.", "-m", 6,
             "--ignore-eos", "-q")
     assert r.exit_code == 0 and r.stdout == want
     r2 = gen("qwen2", "Say hello in French, please.", "--chat", "-m", 6, "--ignore-eos", "-q", "-v")
-    assert r2.exit_code == 0 and r2.stdout == minigen.generate(model, "Say hello in French, please.", chat=True,
+    assert r2.exit_code == 0 and r2.stdout == minigen.generate(model, tok, "Say hello in French, please.", chat=True,
                                                                max_tokens=6, ignore_eos=True)
     r3 = gen("gpt2", "hi", "--chat")
     assert r3.exit_code == 1 and "chat template" in r3.stderr and "Traceback" not in r3.output
 
 
 def test_context_full_and_prompt_too_long():
-    _, ref = fixture("gpt2")
+    _, tok, ref = fixture("gpt2")
     prompt, n = str(ref["prompt"]), len(ref["input_ids"])
     r = gen("gpt2", prompt, "--max-context", n + 2, "-m", 50, "--ignore-eos")
     assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 3)
@@ -162,7 +162,7 @@ def test_default_model(monkeypatch):
     fake = types.ModuleType("minigen.default_model")
     fake.default_model_path = lambda: FIXTURES / "gpt2"
     monkeypatch.setitem(sys.modules, "minigen.default_model", fake)
-    _, ref = fixture("gpt2")
+    _, tok, ref = fixture("gpt2")
     r = cli("generate", str(ref["prompt"]), "-m", 5, "--ignore-eos", "-q")
     assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 5)
     assert "gpt2" in cli("info").stdout
@@ -170,7 +170,7 @@ def test_default_model(monkeypatch):
 
 def test_ctrl_c_keeps_text_prints_figures_exits_130(monkeypatch):
     interrupt_generation(monkeypatch, after=4)
-    _, ref = fixture("gpt2")  # byte-level pieces: every greedy token here is printed as it comes
+    _, tok, ref = fixture("gpt2")  # byte-level pieces: every greedy token here is printed as it comes
     r = gen("gpt2", str(ref["prompt"]), "-m", 20, "--ignore-eos")
     assert r.exit_code == 130
     assert greedy_text("gpt2", 20).startswith(r.stdout) and len(r.stdout) > 0
@@ -191,7 +191,7 @@ def test_empty_stop_string_is_a_usage_error():
     r = gen("gpt2", "hello", "--stop", "")
     assert r.exit_code == 2 and "--stop" in r.output and "Traceback" not in r.output
     with pytest.raises(minigen.MinigenError, match="stop"):
-        minigen.generate(fixture("gpt2")[0], "hello", stop="")
+        minigen.generate(*fixture("gpt2")[:2], "hello", stop="")
 
 
 def test_reversed_layer_range_is_refused_and_writes_nothing(tmp_path):

@@ -142,7 +142,7 @@ def test_f32_round_trip_is_exact(tmp_path):
     for name in original:
         np.testing.assert_array_equal(converted[name], original[name], err_msg=name)
     ref = load_reference("llama_gqa3")
-    logits = minigen.load(tmp_path / "out").logits(ref["input_ids"])
+    logits = minigen.load(tmp_path / "out")[0].logits(ref["input_ids"])
     np.testing.assert_allclose(logits, ref["logits"], atol=1e-5, rtol=0)
 
 
@@ -155,7 +155,7 @@ def test_config_and_tokenizer_files(tmp_path):
         assert got[key] == want[key], key
     assert got["rope_theta"] == want["rope_parameters"]["rope_theta"]
     assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 4}
-    ours, theirs = minigen.load(tmp_path / "out").tokenizer, Tokenizer.from_file(str(GQA3 / "tokenizer.json"))
+    ours, theirs = minigen.load(tmp_path / "out")[1], Tokenizer.from_file(str(GQA3 / "tokenizer.json"))
     assert ours.encode(TEXT) == theirs.encode(TEXT).ids  # BOS prepended, as add_bos_token says
     assert ours.decode(ours.encode(TEXT, add_special_tokens=False)) == TEXT
     assert ours.chat_template == (GQA3 / "chat_template.jinja").read_text()
@@ -196,8 +196,8 @@ def test_half_precision(tmp_path, in_type, out_dtype, rounding, measured):
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "out/config.json").read_text())["torch_dtype"] == out_dtype
     ref = load_reference("llama_gqa3")
-    logits = minigen.load(tmp_path / "out").logits(ref["input_ids"])
-    want = minigen.load(rounded_copy(GQA3, tmp_path / "want", rounding)).logits(ref["input_ids"])
+    logits = minigen.load(tmp_path / "out")[0].logits(ref["input_ids"])
+    want = minigen.load(rounded_copy(GQA3, tmp_path / "want", rounding))[0].logits(ref["input_ids"])
     np.testing.assert_allclose(logits, want, atol=1e-5, rtol=0)
     assert np.abs(logits - ref["logits"]).max() / ref["logits"].std() < 2 * measured
 
@@ -231,9 +231,9 @@ def test_quantised_round_trip(tmp_path, qtype):
     for name in want:
         np.testing.assert_array_equal(converted[name], want[name], err_msg=name)
     ids = np.array([1, 5, 17, 40, 3, 88, 9, 64, 2, 30])
-    got = minigen.load(tmp_path / "out").logits(ids)
-    np.testing.assert_allclose(got, minigen.load(want_dir).logits(ids), atol=1e-5, rtol=0)
-    original = minigen.load(hf).logits(ids)
+    got = minigen.load(tmp_path / "out")[0].logits(ids)
+    np.testing.assert_allclose(got, minigen.load(want_dir)[0].logits(ids), atol=1e-5, rtol=0)
+    original = minigen.load(hf)[0].logits(ids)
     assert np.abs(got - original).max() / original.std() < QUANT_BOUND[qtype]
 
 
@@ -260,7 +260,7 @@ def test_k_quants(tmp_path, qtype):
     got = load_file(str(tmp_path / "out/model.safetensors"))["model.layers.1.mlp.down_proj.weight"]
     np.testing.assert_array_equal(got, gguf.quants.dequantize(raw, qtype))
     assert got.shape == (64, 256) and np.isfinite(got).all() and got.std() > 0
-    assert np.isfinite(minigen.load(tmp_path / "out").logits(np.array([1, 2, 3]))).all()
+    assert np.isfinite(minigen.load(tmp_path / "out")[0].logits(np.array([1, 2, 3]))).all()
 
 
 def test_untied_lm_head_is_kept(tmp_path):
@@ -276,7 +276,7 @@ def test_untied_lm_head_is_kept(tmp_path):
     np.testing.assert_array_equal(load_file(str(tmp_path / "out/model.safetensors"))["lm_head.weight"],
                                   weights["lm_head.weight"])
     ids = np.array([1, 5, 17, 40])
-    np.testing.assert_allclose(minigen.load(tmp_path / "out").logits(ids), minigen.load(hf).logits(ids), atol=1e-5)
+    np.testing.assert_allclose(minigen.load(tmp_path / "out")[0].logits(ids), minigen.load(hf)[0].logits(ids), atol=1e-5)
 
 
 # --- bad input -----------------------------------------------------------------------------------

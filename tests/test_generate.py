@@ -20,7 +20,7 @@ CHAT_MESSAGES = [{"role": "system", "content": "You are a tiny test model."},
 
 @lru_cache(maxsize=None)
 def fixture(name):
-    return minigen.load(FIXTURES / name), dict(np.load(FIXTURES / name / "reference.npz"))
+    return (*minigen.load(FIXTURES / name), dict(np.load(FIXTURES / name / "reference.npz")))
 
 
 def with_generation_config(model, **gc):
@@ -35,22 +35,22 @@ def test_there_are_fixtures():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_equals_hf(name):
-    model, ref = fixture(name)
-    r = run(model, ref["input_ids"].tolist(), max_tokens=20, ignore_eos=True, temp=0)
-    assert r.text() == model.tokenizer.decode(ref["greedy_ids"])
+    model, tok, ref = fixture(name)
+    r = run(model, tok, ref["input_ids"].tolist(), max_tokens=20, ignore_eos=True, temp=0)
+    assert r.text() == tok.decode(ref["greedy_ids"])
     assert r.tokens == ref["greedy_ids"].tolist()
     if "prompt" not in ref:  # the real-config fixtures are ids only (random-id prompts)
         return
     # from the prompt's text, through the tokenizer, with the public API
     prompt = str(ref["prompt"])
-    assert prompt_ids(model.tokenizer, prompt) == ref["input_ids"].tolist()
-    assert minigen.generate(model, prompt, max_tokens=20, ignore_eos=True, temp=0) == \
-        model.tokenizer.decode(ref["greedy_ids"])
+    assert prompt_ids(tok, prompt) == ref["input_ids"].tolist()
+    assert minigen.generate(model, tok, prompt, max_tokens=20, ignore_eos=True, temp=0) == \
+        tok.decode(ref["greedy_ids"])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "mistral_sliding", "qwen2"])
 def test_cached_decode_equals_recompute(name):
-    model, ref = fixture(name)
+    model, tok, ref = fixture(name)
     ids = ref["input_ids"].tolist()
     steps = list(generate_step(model, ids, make_sampler(0.9), rng=np.random.default_rng(3), max_tokens=12))
     seq = list(ids)
@@ -61,11 +61,11 @@ def test_cached_decode_equals_recompute(name):
 
 
 def test_repetition_penalty_matches_manual_loop():
-    model, ref = fixture("llama_gqa3")
+    model, tok, ref = fixture("llama_gqa3")
     seq = ref["input_ids"].tolist()
     for _ in range(10):  # HF: penalty over every token so far, prompt included; greedy
         seq.append(int(np.argmax(repetition_penalty(model.logits(seq)[-1], seq, 1.5))))
-    r = run(model, ref["input_ids"].tolist(), max_tokens=10, ignore_eos=True, temp=0, repeat_penalty=1.5,
+    r = run(model, tok, ref["input_ids"].tolist(), max_tokens=10, ignore_eos=True, temp=0, repeat_penalty=1.5,
             repeat_last_n=0)
     r.text()
     assert r.tokens == seq[len(ref["input_ids"]):]
@@ -73,7 +73,7 @@ def test_repetition_penalty_matches_manual_loop():
 
 
 def test_record_attention_shapes_and_values():
-    model, ref = fixture("llama_gqa3")
+    model, tok, ref = fixture("llama_gqa3")
     ids, c = ref["input_ids"].tolist(), model.config
     steps = list(generate_step(model, ids, max_tokens=3, record_attention=True))
     assert len(steps[0].attentions) == c.n_layers
@@ -84,50 +84,50 @@ def test_record_attention_shapes_and_values():
 
 
 def test_eos_int_or_list_stops_and_is_not_text():
-    model, ref = fixture("llama_gqa3")
+    model, tok, ref = fixture("llama_gqa3")
     greedy, ids = ref["greedy_ids"].tolist(), ref["input_ids"].tolist()
     k = next(i for i in range(3, 20) if greedy[i] not in greedy[:i])
     for eos in (greedy[k], [12345, greedy[k]]):
         m = with_generation_config(model, eos_token_id=eos)
-        r = run(m, ids, max_tokens=20, temp=0)
-        assert r.text() == m.tokenizer.decode(greedy[:k])
+        r = run(m, tok, ids, max_tokens=20, temp=0)
+        assert r.text() == tok.decode(greedy[:k])
         assert r.stats.finish == "eos" and r.tokens == greedy[:k] and r.stats.generated_tokens == k + 1
-        assert r.text() != run(m, ids, max_tokens=20, temp=0, ignore_eos=True).text()
+        assert r.text() != run(m, tok, ids, max_tokens=20, temp=0, ignore_eos=True).text()
     m = with_generation_config(model, eos_token_id=[7, 8])
     assert eos_token_ids(m)[:2] == [7, 8] and set(model.config.eos_token_ids) <= set(eos_token_ids(m))
 
 
 def test_max_tokens_and_context():
-    model, ref = fixture("gpt2")
+    model, tok, ref = fixture("gpt2")
     ids = ref["input_ids"].tolist()
-    r = run(model, ids, max_tokens=5, ignore_eos=True)
+    r = run(model, tok, ids, max_tokens=5, ignore_eos=True)
     r.text()
     assert (len(r.tokens), r.stats.finish) == (5, "length")
-    assert run(model, ids, max_tokens=0).text() == ""
-    r = run(model, ids, max_tokens=50, ignore_eos=True, max_context=len(ids) + 3)
+    assert run(model, tok, ids, max_tokens=0).text() == ""
+    r = run(model, tok, ids, max_tokens=50, ignore_eos=True, max_context=len(ids) + 3)
     r.text()  # the cache holds len(ids) + 3 tokens: 3 decode steps after the prefill, 4 tokens in all
     assert (len(r.tokens), r.stats.finish) == (4, "context")
     assert r.tokens == ref["greedy_ids"][:4].tolist()
     with pytest.raises(MinigenError, match="longer than the context"):
-        run(model, ids, max_context=len(ids) - 1)
+        run(model, tok, ids, max_context=len(ids) - 1)
     with pytest.raises(MinigenError, match="larger than the model's context"):
-        run(model, ids, max_context=model.config.max_position_embeddings + 1)
+        run(model, tok, ids, max_context=model.config.max_position_embeddings + 1)
     with pytest.raises(MinigenError, match="empty"):
-        run(model, [])
+        run(model, tok, [])
 
 
 def test_stop_string_spanning_tokens():
-    model, ref = fixture("llama_gqa3")
+    model, tok, ref = fixture("llama_gqa3")
     ids = ref["input_ids"].tolist()
-    pieces = list(minigen.stream(model, ids, max_tokens=20, ignore_eos=True))
+    pieces = list(minigen.stream(model, tok, ids, max_tokens=20, ignore_eos=True))
     full = "".join(pieces)
-    assert full == model.tokenizer.decode(ref["greedy_ids"])
+    assert full == tok.decode(ref["greedy_ids"])
     cut = len(pieces[0]) + len(pieces[1])  # a stop string across the boundary of pieces 2 and 3
     stop = full[cut - 2:cut + 2]
     assert len(stop) == 4
-    r = run(model, ids, max_tokens=20, ignore_eos=True, stop=["never appears", stop])
+    r = run(model, tok, ids, max_tokens=20, ignore_eos=True, stop=["never appears", stop])
     assert r.text() == full[:full.index(stop)] and r.stats.finish == "stop"
-    assert minigen.generate(model, ids, max_tokens=20, ignore_eos=True, stop=full[-3:] + "zzz") == full
+    assert minigen.generate(model, tok, ids, max_tokens=20, ignore_eos=True, stop=full[-3:] + "zzz") == full
 
 
 def test_split_at_stop():
@@ -139,29 +139,29 @@ def test_split_at_stop():
 
 
 def test_sampling_seed_reproducible_and_defaults_from_generation_config():
-    model, ref = fixture("qwen2")
+    model, tok, ref = fixture("qwen2")
     ids = ref["input_ids"].tolist()
-    a = minigen.generate(model, ids, max_tokens=15, temp=1.0, seed=5, ignore_eos=True)
-    assert a == minigen.generate(model, ids, max_tokens=15, temp=1.0, seed=5, ignore_eos=True)
-    assert a != minigen.generate(model, ids, max_tokens=15, temp=1.0, seed=6, ignore_eos=True)
+    a = minigen.generate(model, tok, ids, max_tokens=15, temp=1.0, seed=5, ignore_eos=True)
+    assert a == minigen.generate(model, tok, ids, max_tokens=15, temp=1.0, seed=5, ignore_eos=True)
+    assert a != minigen.generate(model, tok, ids, max_tokens=15, temp=1.0, seed=6, ignore_eos=True)
     sampling = with_generation_config(model, do_sample=True, temperature=1.0)
-    assert minigen.generate(sampling, ids, max_tokens=15, seed=5, ignore_eos=True) == a
-    assert run(sampling, ids, temp=0).settings["temp"] == 0  # the flag wins
+    assert minigen.generate(sampling, tok, ids, max_tokens=15, seed=5, ignore_eos=True) == a
+    assert run(sampling, tok, ids, temp=0).settings["temp"] == 0  # the flag wins
 
 
 def test_chat_prompt_renders_like_transformers():
     for name in ("llama_gqa3", "qwen2"):
-        model, ref = fixture(name)
-        assert model.tokenizer.apply_chat_template(CHAT_MESSAGES) == str(ref["chat_text"])
-        ids = prompt_ids(model.tokenizer, CHAT_MESSAGES[1]["content"], system=CHAT_MESSAGES[0]["content"])
-        assert ids == model.tokenizer.encode(str(ref["chat_text"]), add_special_tokens=False)
+        model, tok, ref = fixture(name)
+        assert tok.apply_chat_template(CHAT_MESSAGES) == str(ref["chat_text"])
+        ids = prompt_ids(tok, CHAT_MESSAGES[1]["content"], system=CHAT_MESSAGES[0]["content"])
+        assert ids == tok.encode(str(ref["chat_text"]), add_special_tokens=False)
 
 
 def test_bad_options():
-    model, ref = fixture("gpt2")
+    model, tok, ref = fixture("gpt2")
     for bad in (dict(temp=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1), dict(max_tokens=-1),
                 dict(min_p=2), dict(repeat_penalty=0)):
         with pytest.raises(MinigenError, match=next(iter(bad))):
-            run(model, "x", **bad)
+            run(model, tok, "x", **bad)
     with pytest.raises(TypeError, match="unknown option"):
-        run(model, "x", temperature=0.5)
+        run(model, tok, "x", temperature=0.5)

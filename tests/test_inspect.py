@@ -75,15 +75,15 @@ def test_selection_and_budget():
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_prompt_attention_equals_reference(name):
     ref = load_reference(name)
-    rec = prompt_attention(minigen.load(FIXTURES_DIR / name), ref["input_ids"])
+    rec = prompt_attention(minigen.load(FIXTURES_DIR / name)[0], ref["input_ids"])
     np.testing.assert_allclose(np.stack(rec), ref["attentions"], atol=1e-5, rtol=0)
 
 
 def test_attention_dump_cli_equals_reference(tmp_path):
     name = "llama_gqa3"                                   # GQA: checks HF's head order h -> h // group
     ref = load_reference(name)
-    model = minigen.load(FIXTURES_DIR / name)
-    prompt = model.tokenizer.decode(ref["input_ids"][1:])
+    model, tok = minigen.load(FIXTURES_DIR / name)
+    prompt = tok.decode(ref["input_ids"][1:])
     out = tmp_path / "p.npz"
     r = cli("attention", prompt, "--model", FIXTURES_DIR / name, "--dump-attention", out)
     assert r.exit_code == 0, r.output
@@ -109,7 +109,7 @@ def generate_dump(tmp_path, name, *extra, max_tokens=8):
 def test_generation_dump_rows_equal_uncached(tmp_path, name):
     out, _ = generate_dump(tmp_path, name)
     d = load_attention(out)
-    model = minigen.load(FIXTURES_DIR / name)
+    model = minigen.load(FIXTURES_DIR / name)[0]
     ids, P = d["token_ids"], d["prompt_length"]
     assert len(ids) == P + 8 - 1                          # the last generated token has no row
     assert d["meta"]["final_token"] is not None and "no row" in d["meta"]["note"]
@@ -153,8 +153,7 @@ def induction_model(tmp_path_factory):
 
 
 def test_induction_probe_finds_the_induction_head(induction_model):
-    model = minigen.load(induction_model)
-    ids, n, scores = induction_probe(model)
+    ids, n, scores = induction_probe(*minigen.load(induction_model))
     assert np.array_equal(ids[:n], ids[n:])
     assert np.unravel_index(scores.argmax(), scores.shape) == (1, 0)
     assert scores[1, 0] > 0.85 and scores[0].max() < 0.2 and scores[1, 1] < 0.2

@@ -17,11 +17,11 @@ FIXTURES = sorted(p.parent.name for p in (Path(__file__).parent / "fixtures").gl
 @pytest.fixture(scope="module", params=FIXTURES)
 def case(request):
     path = Path(__file__).parent / "fixtures" / request.param
-    return minigen.load(path), dict(np.load(path / "reference.npz"))
+    return minigen.load(path)[0], dict(np.load(path / "reference.npz"))
 
 
 def test_all_five_families_have_fixtures():
-    families = {minigen.load(Path(__file__).parent / "fixtures" / n).config.model_type for n in FIXTURES}
+    families = {minigen.load(Path(__file__).parent / "fixtures" / n)[0].config.model_type for n in FIXTURES}
     assert families >= {"gpt2", "llama", "mistral", "qwen2", "gemma"}
 
 

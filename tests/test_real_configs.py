@@ -81,6 +81,14 @@ def test_every_real_config_has_expectations_and_a_layout():
     assert files == sorted(EXPECTED) == shrink.NAMES
 
 
+def rope_scaling(r) -> tuple | None:
+    """A Rope's scaling, or the expectation's dict, as comparable tuples."""
+    if r is None or isinstance(r, dict):
+        return r and (r["rope_type"], r["factor"], r["low_freq_factor"], r["high_freq_factor"],
+                      r["original_max_position_embeddings"])
+    return None if r.kind == "default" else (r.kind, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max)
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_real_config_reads_as_by_hand(name):
     c = load_config(Path(__file__).parent / "real_configs" / f"{name}.json")
@@ -89,8 +97,8 @@ def test_real_config_reads_as_by_hand(name):
     assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (e["hidden"], e["inter"], e["vocab"])
     assert c.group == e["heads"] // e["kv"]
     if e["theta"] is not None:
-        assert c.rope_theta == e["theta"]
-    assert c.rope_scaling == e["scaling"]
+        assert {r.theta for r in c.rope} == {e["theta"]}
+    assert {rope_scaling(r) for r in c.rope} == ({rope_scaling(e["scaling"])} if c.positions == "rope" else set())
     assert c.tie_word_embeddings is e["tied"]
     assert [c.is_sliding(i) for i in range(c.n_layers)] == [e["window"] is not None] * c.n_layers
     if e["window"] is not None:
@@ -98,8 +106,8 @@ def test_real_config_reads_as_by_hand(name):
     assert c.act == e["act"]
     assert c.eos_token_ids == e["eos"]
     assert c.norm_eps == pytest.approx(e["eps"])
-    assert c.family.positions == ("learned" if name.endswith("gpt2") else "rope")
-    assert (c.attention_bias or c.family.qkv_bias) is name.startswith(("Qwen", "gpt2", "distilgpt2"))  # q/k/v biases
+    assert c.positions == ("learned" if name.endswith("gpt2") else "rope")
+    assert c.qkv_bias is name.startswith(("Qwen", "gpt2", "distilgpt2"))  # q/k/v biases
 
 
 @pytest.mark.parametrize("name", shrink.NAMES)
@@ -110,20 +118,20 @@ def test_scaled_down_copy_in_real_layout_loads_and_runs(name, tmp_path):
     cfg = shrink.shrink(shrink.real_config(name))
     weights = shrink.random_tensors(cfg, seed=3)
     real = shrink.write_checkpoint(tmp_path / "real", cfg, weights, shrink.LAYOUTS[name])
-    model = minigen.load(real)
+    model = minigen.load(real)[0]
     ids = np.random.default_rng(0).integers(0, cfg["vocab_size"], 16)
     logits = model.logits(ids)
     assert logits.shape == (16, shrink.VOCAB) and logits.dtype == np.float32
     assert np.isfinite(logits).all() and logits.std() > 1e-3
     plain = shrink.write_checkpoint(tmp_path / "plain", cfg, weights,
                                     {"prefix": "transformer.", "lm_head": True, "shards": 1})
-    np.testing.assert_array_equal(minigen.load(plain).logits(ids), logits)
+    np.testing.assert_array_equal(minigen.load(plain)[0].logits(ids), logits)
 
 
 @pytest.mark.parametrize("name", REAL_FIXTURES)
 def test_real_fixture_matches_transformers(name, reference):
     ref = reference(name)
-    model = minigen.load(FIXTURES_DIR / name)
+    model = minigen.load(FIXTURES_DIR / name)[0]
     record: list = []
     logits = model.forward(ref["input_ids"], model.make_cache(64), record=record)
     assert np.abs(logits - ref["logits"]).max() <= 1e-4
@@ -141,15 +149,15 @@ def test_real_fixtures_would_catch_a_misread_field(name, edit, reference, tmp_pa
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, **edit}))
     ref = reference(name)
-    assert np.abs(minigen.load(path).logits(ref["input_ids"]) - ref["logits"]).max() > 1e-2
+    assert np.abs(minigen.load(path)[0].logits(ref["input_ids"]) - ref["logits"]).max() > 1e-2
 
 
 def test_reload_after_rewrite_reads_the_new_weights(tmp_path):
     cfg = shrink.shrink(shrink.real_config("SmolLM2-135M"))
     layout, ids = shrink.LAYOUTS["SmolLM2-135M"], np.arange(8)
     shrink.write_checkpoint(tmp_path / "m", cfg, shrink.random_tensors(cfg, 1), layout)
-    minigen.load(tmp_path / "m").logits(ids)
+    minigen.load(tmp_path / "m")[0].logits(ids)
     shutil.rmtree(tmp_path / "m")
     shrink.write_checkpoint(tmp_path / "m", cfg, shrink.random_tensors(cfg, 2), layout)
     shrink.write_checkpoint(tmp_path / "fresh", cfg, shrink.random_tensors(cfg, 2), layout)
-    np.testing.assert_array_equal(minigen.load(tmp_path / "m").logits(ids), minigen.load(tmp_path / "fresh").logits(ids))
+    np.testing.assert_array_equal(minigen.load(tmp_path / "m")[0].logits(ids), minigen.load(tmp_path / "fresh")[0].logits(ids))

@@ -51,7 +51,7 @@ def test_seeds_printed():
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_trace_equals_the_models_head_output(name):
-    model = minigen.load(FIXTURES_DIR / name)
+    model = minigen.load(FIXTURES_DIR / name)[0]
     ids = load_reference(name)["input_ids"]
     c = model.config
     for layer, head in [(0, 0), (c.n_layers - 1, c.n_heads - 1)]:

@@ -83,11 +83,11 @@ class Recorder:
 
     def add(self, record: list[np.ndarray]):
         q, S = record[0].shape[-2:]
-        if S != self.rows + q:
+        if S - q > self.rows or S < self.rows + 1:  # a forward may recompute earlier rows (longrope's switch)
             raise MinigenError(f"attention record does not line up: {q} new rows against {S} keys after {self.rows} rows")
         self._ensure(S)
         for l in self.layers:
-            self.mats[l][:, self.rows:S, :S] = record[l][self.heads]
+            self.mats[l][:, S - q:S, :S] = record[l][self.heads]
         self.rows = S
 
     def _ensure(self, S: int):
@@ -194,15 +194,15 @@ class GenerationDump:
     """--dump-attention during generation: checks the path and the size before the run, collects each
     Step's attention (`on_step`, a generate.Run callback), writes the file when `finish` is called.
 
-    with GenerationDump(model, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
+    with GenerationDump(model, tokenizer, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
         run.on_step.append(dump.on_step); ...; dump.finish()
     Leaving the block without finish() (an error, Ctrl-C) leaves no file behind.
     """
 
-    def __init__(self, model, path, prompt_ids, max_tokens: int, layers: str | None = None,
+    def __init__(self, model, tokenizer, path, prompt_ids, max_tokens: int, layers: str | None = None,
                  heads: str | None = None, dtype: str | None = None, budget: int | None = None):
         c = model.config
-        self.model, self.prompt = model, [int(i) for i in prompt_ids]
+        self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
         self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
         self.heads = parse_selection(heads, c.n_heads, "head", "--attn-heads")
         self.dtype = parse_dtype(dtype)
@@ -225,11 +225,11 @@ class GenerationDump:
     def finish(self) -> dict:
         """Write the file; returns what was written (token_ids, matrices, meta)."""
         ids = self.prompt + self.generated[:-1]
-        strings = self.model.tokenizer.token_strings(ids)
+        strings = self.tokenizer.token_strings(ids)
         final = None
         if self.generated:
             last = self.generated[-1]
-            final = (last, self.model.tokenizer.token_strings([last])[0])
+            final = (last, self.tokenizer.token_strings([last])[0])
         meta = make_meta(self.model, strings, self.layers, self.heads, self.dtype, final, "generate")
         mats = self.recorder.matrices()
         self.file.write(mats, ids, len(self.prompt), meta)

@@ -10,7 +10,7 @@ import numpy as np
 from .. import model as M
 from ..attention import attend, causal_mask
 from ..errors import MinigenError
-from ..layers import apply_rope
+from ..layers import apply_rope, rms_norm
 from .stats import induction_score, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps
 
@@ -23,15 +23,15 @@ def prompt_attention(model, ids) -> list[np.ndarray]:
 
 
 def hidden_before(model, ids, layer: int) -> tuple[np.ndarray, tuple | None]:
-    """The residual stream entering `layer` (T, D), and the RoPE tables (cos, sin) or None."""
+    """The residual stream entering `layer` (T, D), and that layer's RoPE tables (cos, sin) or None."""
     cfg, params = model.config, model.params
     ids = np.asarray(ids)
     x = M.hidden(params, cfg, ids, model.make_cache(len(ids)), n_layers=layer)   # (T, D)
-    return x, M.rope_for(params, cfg, np.arange(len(ids)))
+    return x, M.rope_for(cfg, np.arange(len(ids))).get(M.rope_of(cfg, layer))
 
 
 def _layer_mask(cfg, layer: int, T: int) -> np.ndarray:
-    return causal_mask(T, 0, M.window(cfg, layer))
+    return causal_mask(T, 0, cfg.window(layer))
 
 
 def head_weights(model, layer: int, head: int) -> dict:
@@ -55,13 +55,31 @@ def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
     check_layer_head(cfg, layer, head)
     h, rope = hidden_before(model, ids, layer)
     p = model.params["layers"][layer]
-    x = M.norm(h, p, cfg, "attn_norm")                                       # (T, D)
+    x = M.norm(h, p, cfg, "attn_norm") if cfg.pre_norms else h               # (T, D)
     w = head_weights(model, layer, head)
     rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope), apply_rope(k, *rope)))
     mask = _layer_mask(cfg, layer, len(ids))
     steps = attention_steps(x, w["w_q"], w["w_k"], w["w_v"], b_q=w.get("b_q"), b_k=w.get("b_k"),
-                            b_v=w.get("b_v"), rotate=rotate, mask=mask)
+                            b_v=w.get("b_v"), norm=_qk_norm(model, layer, head, x), rotate=rotate, mask=mask,
+                            scale=cfg.attn_scale, softcap=cfg.attn_softcap)
     return steps, _model_head_output(model, x, p, rope, mask, layer, head)
+
+
+def _qk_norm(model, layer: int, head: int, x: np.ndarray):
+    """The family's q/k norm for one head as a function (q, k) -> (q, k), or None. Over the head's d
+    dims (Qwen 3, Gemma 3), or over the whole projection of every head (OLMo 2): then the RMS comes
+    from all heads' q (or k), computed here from x, and the head's slice of the weight scales it."""
+    cfg, p = model.config, model.params["layers"][layer]
+    if cfg.qk_norm is None:
+        return None
+    if cfg.qk_norm == "head":
+        return lambda q, k: (rms_norm(q, p["q_norm"], cfg.norm_eps), rms_norm(k, p["k_norm"], cfg.norm_eps))
+    H, KV, d, kv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, head // cfg.group
+    qkv = M.linear(x, p["wqkv"], p.get("bqkv")).astype(np.float64)          # (T, (H + 2 KV) d)
+    rms = lambda a: np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + cfg.norm_eps)
+    q_rms, k_rms = rms(qkv[:, :H * d]), rms(qkv[:, H * d:(H + KV) * d])     # (T, 1) each
+    w_q, w_k = p["q_norm"][head * d:(head + 1) * d], p["k_norm"][kv * d:(kv + 1) * d]
+    return lambda q, k: (q / q_rms * w_q, k / k_rms * w_k)
 
 
 def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
@@ -69,10 +87,10 @@ def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
     cfg = model.config
     T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
     q, k, v = M.qkv_heads(x, p, cfg, rope)                                   # (H, T, d), (KV, T, d) x2
-    out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)))
+    out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)), cfg.attn_scale, cfg.attn_softcap)
     out = out.reshape(H, T, d)                                               # (H, T, d)
     # the same heads through o_proj must give the model's attention block output
-    block = M.attention_block(x, p, cfg, model.make_cache(T)[layer], rope, M.window(cfg, layer), None)
+    block = M.attention_block(x, p, cfg, layer, model.make_cache(T)[layer], rope)
     block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
     return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
 
@@ -93,9 +111,9 @@ def probe_candidates(tokenizer, vocab_size: int) -> np.ndarray:
     return np.array([i for i in range(n) if i not in special], dtype=np.int64)
 
 
-def induction_probe(model, n: int | None = None, seed: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
+def induction_probe(model, tok, n: int | None = None, seed: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
     """Run prefix + r + r (r: n random ordinary tokens) -> (ids, n, scores (n_layers, n_heads))."""
-    cfg, tok = model.config, model.tokenizer
+    cfg = model.config
     prefix = tok.encode("", add_special_tokens=True)  # BOS where the tokenizer adds one
     candidates = probe_candidates(tok, cfg.vocab_size)
     limit = (cfg.max_position_embeddings - len(prefix)) // 2
@@ -136,18 +154,31 @@ def resolve_token(tokens: list[str], spec: str | int | None) -> int:
     return i % T
 
 
-def trace_lines(model, ids, layer: int, head: int, token: int, limit: int = 12, tol: float = 1e-4) -> tuple[list[str], bool]:
+def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int = 12,
+                tol: float = 1e-4) -> tuple[list[str], bool]:
     """The seeds' walk-through on a real checkpoint for one head and one query token, ending with the check."""
     cfg = model.config
-    tokens = model.tokenizer.token_strings(ids)
+    tokens = tok.token_strings(ids)
     steps, own = trace_head(model, ids, layer, head)
-    norm = {"layer": "LayerNorm", "rms": "RMSNorm"}[cfg.family.norm] + (" (1 + w)" if cfg.family.norm_offset else "")
-    pos = "RoPE on q and k (HF half-split)" if cfg.family.positions == "rope" else "learned positions (added to the embeddings)"
+    norm = {"layer": "LayerNorm", "rms": "RMSNorm"}[cfg.norm]
+    rope = M.rope_of(cfg, layer)
+    pos = ("learned positions (added to the embeddings)" if cfg.positions == "learned" else
+           "no RoPE in this layer" if rope is None else
+           f"RoPE on q and k (HF half-split{', the first %d of %d dims' % (rope.dim, cfg.head_dim) if rope.dim < cfg.head_dim else ''}, "
+           f"theta {rope.theta:g}{', ' + rope.kind + ' scaling' if rope.kind != 'default' else ''})")
     window = f", sliding window {cfg.sliding_window}" if cfg.is_sliding(layer) else ""
+    x_is = f"after its {norm}" if cfg.pre_norms else f"as it is ({cfg.model_type} norms attention's output, not its input)"
     header = (f"{model.path}: {cfg.model_type}, layer {layer} of {cfg.n_layers}, head {head} of {cfg.n_heads} "
               f"(reads KV head {head // cfg.group} of {cfg.n_kv_heads}), d_k = {cfg.head_dim}\n"
-              f"x = the residual stream entering layer {layer}, after its {norm}; {pos}{window}; causal mask")
-    lines = format_steps(steps, tokens, token, limit=limit, header=header)
+              f"x = the residual stream entering layer {layer}, {x_is}; {pos}{window}; causal mask")
+    norm_note = {"head": " (RMSNorm over the head's d_k dims, weight q_norm)",
+                 "proj": f" (RMSNorm over all {cfg.n_heads} heads' q at once, then this head's slice of q_norm)",
+                 None: ""}[cfg.qk_norm]
+    default_scale = abs(cfg.attn_scale - cfg.head_dim ** -0.5) < 1e-12
+    scale_note = "" if default_scale else f" = 1/sqrt({1 / cfg.attn_scale ** 2:g}) (query_pre_attn_scalar, not d_k)"
+    rope_note = "" if rope is None or rope.dim == cfg.head_dim else f" (dims 0-{rope.dim - 1} rotate, the rest pass through)"
+    lines = format_steps(steps, tokens, token, limit=limit, header=header, norm_note=norm_note,
+                         rope_note=rope_note, scale_note=scale_note)
     err = float(np.abs(steps.out[token] - own["out"][token]).max())
     werr = float(np.abs(steps.weights[token] - own["weights"][token]).max())
     ok = err <= tol * max(1.0, float(np.abs(own["out"][token]).max())) and werr <= tol

@@ -25,35 +25,46 @@ class Steps:
     out: np.ndarray       # (T, d_v) weights @ v
     scale: float
     q_bias: np.ndarray | None = None
-    q_raw: np.ndarray | None = None   # x W_Q + b before RoPE, when RoPE was applied
+    q_raw: np.ndarray | None = None     # x W_Q + b, when a q/k norm or RoPE followed
+    q_normed: np.ndarray | None = None  # after the q/k norm, before RoPE
+    rotated: bool = False               # RoPE was applied
+    softcap: float | None = None        # scaled scores went through cap * tanh(s / cap)
 
 
-def attention_steps(x, w_q, w_k, w_v, *, b_q=None, b_k=None, b_v=None, kv_x=None,
-                    rotate: Callable | None = None, mask=None, scale: float | None = None) -> Steps:
+def attention_steps(x, w_q, w_k, w_v, *, b_q=None, b_k=None, b_v=None, kv_x=None, norm: Callable | None = None,
+                    rotate: Callable | None = None, mask=None, scale: float | None = None,
+                    softcap: float | None = None) -> Steps:
     """softmax((x W_Q)(x W_K)^T * scale) (x W_V), keeping every step.
 
-    x: (T, D) query rows; kv_x: (S, D) key/value rows (default x). W_*: (D, d). rotate(q, k) -> (q, k)
-    applies a positional rotation (RoPE) after the projections. mask: (T, S) bool, True = may attend.
-    scale defaults to 1/sqrt(d_k).
+    x: (T, D) query rows; kv_x: (S, D) key/value rows (default x). W_*: (D, d). norm(q, k) -> (q, k)
+    is a q/k norm after the projections; rotate(q, k) -> (q, k) a positional rotation (RoPE) after it.
+    mask: (T, S) bool, True = may attend. scale defaults to 1/sqrt(d_k); softcap bounds the scaled
+    scores (before the mask, as Gemma 2 does).
     """
     x = np.asarray(x, dtype=np.float64)
     kv_x = x if kv_x is None else np.asarray(kv_x, dtype=np.float64)
     q = x @ np.asarray(w_q, dtype=np.float64) + (0 if b_q is None else b_q)          # (T, d)
     k = kv_x @ np.asarray(w_k, dtype=np.float64) + (0 if b_k is None else b_k)       # (S, d)
     v = kv_x @ np.asarray(w_v, dtype=np.float64) + (0 if b_v is None else b_v)       # (S, d_v)
-    q_raw = None
+    q_raw = q if norm is not None or rotate is not None else None
+    q_normed = None
+    if norm is not None:
+        q, k = norm(q, k)
+        q_normed = q
     if rotate is not None:
-        q_raw = q
         q, k = rotate(q, k)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = q @ k.T                                                                  # (T, S)
+    scaled = scores * scale
+    if softcap is not None:
+        scaled = softcap * np.tanh(scaled / softcap)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
-    scaled = scores * scale
+        scaled = np.where(mask, scaled, -np.inf)
     e = np.exp(scaled - scaled.max(-1, keepdims=True))                                # row max first: no overflow
     weights = e / e.sum(-1, keepdims=True)
     return Steps(x, q, k, v, scores, scaled, weights, weights @ v, scale,
-                 None if b_q is None else np.asarray(b_q), q_raw)
+                 None if b_q is None else np.asarray(b_q), q_raw, q_normed, rotate is not None, softcap)
 
 
 # --- printing ---------------------------------------------------------------------------------------
@@ -89,7 +100,8 @@ def visible_keys(steps: Steps, i: int, limit: int = 12) -> list[int]:
 
 
 def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[str] | None = None,
-                 limit: int = 12, header: str = "") -> list[str]:
+                 limit: int = 12, header: str = "", norm_note: str = "", rope_note: str = "",
+                 scale_note: str = "") -> list[str]:
     """The walk-through for query row i: x, q, keys/values, scores, scaled, softmax %, weighted sum."""
     key_labels = labels if key_labels is None else key_labels
     keys = visible_keys(steps, i, limit)
@@ -104,18 +116,27 @@ def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[st
         out.append(f"   q bias b_Q = {fmt_vec(steps.q_bias)}")
     if steps.q_raw is not None:
         out.append(f"2. q = x W_Q{' + b_Q' if steps.q_bias is not None else ''} = {fmt_vec(steps.q_raw[i])}")
-        out.append(f"   after RoPE at position {i}: q = {fmt_vec(steps.q[i])}")
+        if steps.q_normed is not None:
+            out.append(f"   after the q norm{norm_note}: q = {fmt_vec(steps.q_normed[i])}")
+        if steps.rotated:
+            out.append(f"   after RoPE at position {i}{rope_note}: q = {fmt_vec(steps.q[i])}")
     else:
         out.append(f"2. q = x W_Q{' + b_Q' if steps.q_bias is not None else ''} = {fmt_vec(steps.q[i])}   (d_k = {d})")
     shown = "" if len(keys) == n_keys else f" (showing the {len(keys)} largest weights of {n_keys})"
-    rope = " (k after RoPE)" if steps.q_raw is not None else ""
+    rope = " (k after " + " and ".join(["the k norm"] * (steps.q_normed is not None) + ["RoPE"] * steps.rotated) + ")" \
+        if steps.q_normed is not None or steps.rotated else ""
     out.append(f"3. keys and values it looks at{shown}{rope}:")
     for j in keys:
         out.append(f"   {name(j)} k = {fmt_vec(steps.k[j])}   v = {fmt_vec(steps.v[j])}")
     row_int = np.allclose(steps.scores[i, keys], np.round(steps.scores[i, keys]), atol=1e-9)
     out.append(f"4. raw scores q . k:")
     out += [f"   {name(j)} {_num(steps.scores[i, j], row_int)}" for j in keys]
-    out.append(f"5. scaled scores / sqrt(d_k) = / {1 / steps.scale:.4g}:")
+    if scale_note:
+        out.append(f"5. scaled scores x {steps.scale:.4g}{scale_note}" + (":" if steps.softcap is None else ""))
+    else:
+        out.append(f"5. scaled scores / sqrt(d_k) = / {1 / steps.scale:.4g}" + (":" if steps.softcap is None else ""))
+    if steps.softcap is not None:
+        out[-1] += f", then soft-capped: {steps.softcap:g} * tanh(s / {steps.softcap:g}):"
     out += [f"   {name(j)} {steps.scaled[i, j]:.2f}" for j in keys]
     out.append(f"6. softmax (row max subtracted first), as percentages:")
     out += [f"   {name(j)} {100 * steps.weights[i, j]:6.2f}%  {_bar(steps.weights[i, j])}" for j in keys]

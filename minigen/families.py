@@ -1,0 +1,226 @@
+"""The model families minigen runs, one entry each: what the forward pass switches on, how config.json
+spells the family's own fields, and where its tensors live in the checkpoint.
+
+Adding a family is adding an entry here (and its fixtures): `features` are Config fields fixed by
+the family; `defaults` are transformers' defaults for fields config.json may leave out; `read`
+handles what no table can say (layer patterns, per-layer RoPE), returning more Config fields;
+`tensors` maps minigen's canonical tensor names to the checkpoint's (a tuple is stacked by rows into
+one matrix: q/k/v and gate/up are fused at load), `fix` names the reshuffles some layouts need, and
+`norm_offset` is added to every norm weight at load (Gemma stores w of its (1 + w) norms).
+
+Canonical names, per layer unless global:
+    embed, pos_embed, final_norm, lm_head                  (global; a `_b` suffix is a LayerNorm bias)
+    attn_norm, attn_post_norm, mlp_norm, mlp_post_norm     norms before / after attention and MLP
+    q_norm, k_norm                                         RMSNorm on q and k
+    wqkv, bqkv, wo, bo                                     attention: fused q/k/v (out, in), output proj
+    w_gate_up, b_gate_up, w_up, b_up, w_down, b_down       MLP: fused gate/up (gated) or up (plain)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import Fields, read_rope, rope_parameters
+
+
+@dataclass(frozen=True)
+class Family:
+    tensors: dict
+    features: dict = field(default_factory=dict)
+    defaults: dict = field(default_factory=dict)
+    read: Callable[[Fields, dict], dict] = lambda get, f: {}
+    fix: dict = field(default_factory=dict)       # canonical tensor -> "conv1d" | "neox_qkv"
+    ignored: tuple = ()                           # buffers old checkpoints carry (templates)
+    prefixes: tuple = ()                          # stripped from tensor names when present
+    norm_offset: float = 0.0
+
+
+# --- tensor name tables ---------------------------------------------------------------------------
+
+def _llama_tensors(p: str = "model.layers.{}.", **changes) -> dict:
+    t = {
+        "embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "lm_head": "lm_head.weight",
+        "attn_norm": p + "input_layernorm.weight", "mlp_norm": p + "post_attention_layernorm.weight",
+        "wqkv": tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+        "bqkv": tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"),
+        "wo": p + "self_attn.o_proj.weight", "bo": p + "self_attn.o_proj.bias",
+        "q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight",
+        "w_gate_up": (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+        "b_gate_up": (p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"),
+        "w_down": p + "mlp.down_proj.weight", "b_down": p + "mlp.down_proj.bias",
+    }
+    return {**t, **changes}
+
+
+LLAMA = _llama_tensors()
+LLAMA_IGNORED = ("model.layers.{}.self_attn.rotary_emb.inv_freq",)
+SANDWICH = _llama_tensors(  # Gemma 2/3: a norm before and after both attention and MLP
+    attn_post_norm="model.layers.{}.post_attention_layernorm.weight",
+    mlp_norm="model.layers.{}.pre_feedforward_layernorm.weight",
+    mlp_post_norm="model.layers.{}.post_feedforward_layernorm.weight")
+OLMO2 = _llama_tensors(  # norms after attention and MLP only
+    attn_post_norm="model.layers.{}.post_attention_layernorm.weight",
+    mlp_post_norm="model.layers.{}.post_feedforward_layernorm.weight")
+PHI3 = _llama_tensors(wqkv="model.layers.{}.self_attn.qkv_proj.weight",
+                      w_gate_up="model.layers.{}.mlp.gate_up_proj.weight")
+
+GPT2 = {
+    "embed": "wte.weight", "pos_embed": "wpe.weight", "final_norm": "ln_f.weight", "final_norm_b": "ln_f.bias",
+    "lm_head": "lm_head.weight",
+    "attn_norm": "h.{}.ln_1.weight", "attn_norm_b": "h.{}.ln_1.bias",
+    "wqkv": "h.{}.attn.c_attn.weight", "bqkv": "h.{}.attn.c_attn.bias",
+    "wo": "h.{}.attn.c_proj.weight", "bo": "h.{}.attn.c_proj.bias",
+    "mlp_norm": "h.{}.ln_2.weight", "mlp_norm_b": "h.{}.ln_2.bias",
+    "w_up": "h.{}.mlp.c_fc.weight", "b_up": "h.{}.mlp.c_fc.bias",
+    "w_down": "h.{}.mlp.c_proj.weight", "b_down": "h.{}.mlp.c_proj.bias",
+}
+
+_N = "gpt_neox.layers.{}."
+NEOX = {
+    "embed": "gpt_neox.embed_in.weight", "lm_head": "embed_out.weight",
+    "final_norm": "gpt_neox.final_layer_norm.weight", "final_norm_b": "gpt_neox.final_layer_norm.bias",
+    "attn_norm": _N + "input_layernorm.weight", "attn_norm_b": _N + "input_layernorm.bias",
+    "mlp_norm": _N + "post_attention_layernorm.weight", "mlp_norm_b": _N + "post_attention_layernorm.bias",
+    "wqkv": _N + "attention.query_key_value.weight", "bqkv": _N + "attention.query_key_value.bias",
+    "wo": _N + "attention.dense.weight", "bo": _N + "attention.dense.bias",
+    "w_up": _N + "mlp.dense_h_to_4h.weight", "b_up": _N + "mlp.dense_h_to_4h.bias",
+    "w_down": _N + "mlp.dense_4h_to_h.weight", "b_down": _N + "mlp.dense_4h_to_h.bias",
+}
+
+
+# --- config quirks ----------------------------------------------------------------------------------
+
+def _biases(get: Fields, f: dict) -> dict:
+    """Llama's attention_bias puts a bias on q, k, v and o; mlp_bias on gate, up and down."""
+    bias = get.bool("attention_bias", default=False)
+    return {"qkv_bias": f["qkv_bias"] or bias, "o_bias": bias, "mlp_bias": get.bool("mlp_bias", default=False)}
+
+
+def _all_sliding(get: Fields, f: dict, default: int | None) -> dict:
+    """Mistral, Phi-3: one window for every layer; an explicit null means none."""
+    window = get.nullable(get.int, "sliding_window", default)
+    return {"sliding_window": window, "layer_types": _layer_types(get, f, lambda i: window is not None)}
+
+
+def _layer_types(get: Fields, f: dict, sliding: Callable[[int], bool]) -> tuple:
+    """config.json's `layer_types` when given, else the family's pattern."""
+    types = get.list("layer_types", default=None)
+    if types is not None:
+        return tuple(types)
+    return tuple("sliding_attention" if sliding(i) else "full_attention" for i in range(f["n_layers"]))
+
+
+def _qwen_sliding(get: Fields, f: dict) -> dict:
+    """Qwen2/3: a window only with use_sliding_window, from layer max_window_layers on."""
+    window = get.int("sliding_window", default=None) if get.bool("use_sliding_window", default=False) else None
+    first = get.int("max_window_layers", default=28)
+    return {"sliding_window": window, "layer_types": _layer_types(get, f, lambda i: window is not None and i >= first)}
+
+
+def _llama(get, f):
+    return _biases(get, f)
+
+
+def _mistral(get, f):
+    return {**_biases(get, f), **_all_sliding(get, f, 4096)}
+
+
+def _qwen(get, f):
+    return {**_biases(get, f), **_qwen_sliding(get, f)}
+
+
+def _gemma(get, f):
+    act = f["act"]  # hub Gemma 1 configs say "gelu" and mean the tanh form, as transformers reads them
+    return {**_biases(get, f), "act": "gelu_pytorch_tanh" if act == "gelu" else act}
+
+
+def _gemma2(get, f):
+    return {**_biases(get, f), **_gemma2_like(get, f, pattern=2),
+            "attn_softcap": get.nullable(get.float, "attn_logit_softcapping", 50.0),
+            "final_softcap": get.nullable(get.float, "final_logit_softcapping", 30.0)}
+
+
+def _gemma3(get, f):
+    """Gemma 3: sliding layers use rope_local_base_freq without scaling; full layers rope_theta, scaled.
+    attn_logit_softcapping is read by transformers but never applied, so it is ignored here too."""
+    out = {**_biases(get, f), **_gemma2_like(get, f, pattern=get.int("sliding_window_pattern", default=6)),
+           "final_softcap": get.float("final_logit_softcapping", default=None)}
+    nested = isinstance(get.dict("rope_parameters").get("sliding_attention"), dict)
+    local = read_rope(get, f, {}, rope_parameters(get, "sliding_attention") if nested else {},
+                      theta=get.float("rope_local_base_freq", default=10000.0))
+    full = read_rope(get, f, {"rope_theta": 1e6}, rope_parameters(get, "full_attention"))
+    out["rope"] = tuple(local if t == "sliding_attention" else full for t in out["layer_types"])
+    return out
+
+
+def _gemma2_like(get, f, pattern: int) -> dict:
+    window = get.nullable(get.int, "sliding_window", 4096)
+    return {"act": get.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh"),
+            "attn_scale": get.float("query_pre_attn_scalar", default=256) ** -0.5,
+            "sliding_window": window,
+            "layer_types": _layer_types(get, f, lambda i: (i + 1) % pattern != 0)}
+
+
+def _phi3(get, f):
+    return _all_sliding(get, f, None)
+
+
+def _neox(get, f):
+    bias = get.bool("attention_bias", default=True)
+    return {"parallel_residual": get.bool("use_parallel_residual", default=True),
+            "qkv_bias": bias, "o_bias": bias, "n_kv_heads": f["n_heads"]}
+
+
+def _smollm3(get, f):
+    """SmolLM3: no_rope_layers[i] is 1 where layer i uses RoPE (default: every 4th layer has none)."""
+    n, every = f["n_layers"], get.int("no_rope_layer_interval", default=4)
+    uses = get.list("no_rope_layers", default=None)
+    if uses is None:
+        uses = [int((i + 1) % every != 0) for i in range(n)]
+    if len(uses) != n or any(u not in (0, 1) for u in uses):
+        raise_field(get, "no_rope_layers", f"a 0 or 1 for each of the {n} layers")
+    window = get.int("sliding_window", default=None) if get.bool("use_sliding_window", default=False) else None
+    rope = read_rope(get, f, {"rope_theta": 2e6})  # every layer that has RoPE has this one
+    return {**_biases(get, f), "sliding_window": window, "rope": tuple(rope if u else None for u in uses),
+            "layer_types": _layer_types(get, f, lambda i: window is not None and not uses[i])}
+
+
+def raise_field(get: Fields, name: str, what: str):
+    from .errors import MinigenError
+    raise MinigenError(f"{get.where}: field {name!r} should be {what}")
+
+
+GEMMA_FEATURES = dict(embed_scale=True)
+GEMMA_DEFAULTS = dict(head_dim=256, tie_word_embeddings=True, max_position_embeddings=8192, act="gelu_pytorch_tanh")
+
+FAMILIES = {
+    "gpt2": Family(
+        GPT2, features=dict(norm="layer", mlp="plain", positions="learned", qkv_bias=True, o_bias=True,
+                            mlp_bias=True),
+        defaults=dict(act="gelu_new", norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=1024),
+        fix={"wqkv": "conv1d", "wo": "conv1d", "w_up": "conv1d", "w_down": "conv1d"},
+        ignored=("h.{}.attn.bias", "h.{}.attn.masked_bias"), prefixes=("transformer.",)),
+    "llama": Family(LLAMA, read=_llama, ignored=LLAMA_IGNORED),
+    "mistral": Family(LLAMA, read=_mistral, ignored=LLAMA_IGNORED, defaults=dict(max_position_embeddings=131072)),
+    "qwen2": Family(LLAMA, features=dict(qkv_bias=True), read=_qwen, ignored=LLAMA_IGNORED,
+                    defaults=dict(max_position_embeddings=32768)),
+    "qwen3": Family(LLAMA, features=dict(qk_norm="head"), read=_qwen, ignored=LLAMA_IGNORED,
+                    defaults=dict(head_dim=128, max_position_embeddings=32768)),
+    "gemma": Family(LLAMA, features=GEMMA_FEATURES, defaults=GEMMA_DEFAULTS, read=_gemma, norm_offset=1.0,
+                    ignored=LLAMA_IGNORED),
+    "gemma2": Family(SANDWICH, features=dict(GEMMA_FEATURES, post_norms=True), defaults=GEMMA_DEFAULTS,
+                     read=_gemma2, norm_offset=1.0),
+    "gemma3_text": Family(SANDWICH, features=dict(GEMMA_FEATURES, post_norms=True, qk_norm="head"),
+                          defaults=dict(GEMMA_DEFAULTS, max_position_embeddings=131072), read=_gemma3,
+                          norm_offset=1.0),
+    "phi3": Family(PHI3, read=_phi3, defaults=dict(norm_eps=1e-5, max_position_embeddings=4096,
+                                                   original_max_position_embeddings=4096)),
+    "olmo2": Family(OLMO2, features=dict(pre_norms=False, post_norms=True, qk_norm="proj"), read=_llama,
+                    defaults=dict(norm_eps=1e-5)),
+    "gpt_neox": Family(
+        NEOX, features=dict(norm="layer", mlp="plain", mlp_bias=True), read=_neox,
+        defaults=dict(act="gelu", norm_eps=1e-5, partial_rotary_factor=0.25),
+        fix={"wqkv": "neox_qkv", "bqkv": "neox_qkv"},
+        ignored=(_N + "attention.bias", _N + "attention.masked_bias", _N + "attention.rotary_emb.inv_freq")),
+    "smollm3": Family(LLAMA, read=_smollm3, defaults=dict(tie_word_embeddings=True, max_position_embeddings=32768)),
+}
