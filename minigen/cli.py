@@ -392,21 +392,14 @@ def _print_probe(model, tokenizer, probe_length, seed, attn_layers, attn_heads):
 
 
 def _write_html(path, layers, heads, tokens, prompt_length, subtitle, layer, head):
-    import os
     from pathlib import Path
     from .inspect.html import render_html
     page = render_html(layers, heads, tokens, prompt_length=prompt_length, subtitle=subtitle,
                        select=(layer if layer is not None else min(layers), head if head is not None else heads[0]))
+    from .files import atomic_write
     out = Path(path)
-    if not out.parent.is_dir():
-        raise MinigenError(f"{out}: directory {out.parent} does not exist")
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
+    with atomic_write(out, "HTML page") as tmp:
         tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise MinigenError(f"{out}: cannot write ({e.strerror or e})")
     click.echo(f"wrote {out} ({len(page) / 2**20:.1f} MiB): open it in a browser", err=True)
 
 

@@ -9,17 +9,15 @@ Only the `llama` architecture with a BPE (`gpt2`) vocabulary is supported. The s
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import MinigenError
+from .files import atomic_dir
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors header names
@@ -69,30 +67,14 @@ def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32"
     plan = _plan(reader, meta, source)
     config = _config(meta, plan, source, dtype)
     tok_files = _tokenizer_files(meta, source)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the result should look like any new directory
+    with atomic_dir(out_dir) as tmp:
         nbytes = _write_safetensors(tmp / "model.safetensors", plan, config, dtype, progress, source)
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", _generation_config(config))
         for name, text in tok_files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        _move_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     n_params = sum(int(np.prod(p.shape)) for p in plan)
     return Result(out_dir, len(plan), n_params, nbytes)
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    try:
-        if out_dir.is_dir():
-            out_dir.rmdir()  # empty (checked before converting); rename cannot replace a directory portably
-        os.rename(tmp, out_dir)
-    except OSError as e:  # typically: another process made OUT_DIR meanwhile
-        raise MinigenError(f"{out_dir}: cannot move the converted checkpoint into place ({e.strerror})")
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -414,12 +396,6 @@ def _int(meta: dict, key: str, source: Path) -> int:
 def _f32(x: float) -> float:
     """A float32 metadata value as the shortest decimal that round-trips (9.999999747e-06 -> 1e-05)."""
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _first_line(e: BaseException) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MinigenError
+from ..files import OutputFile, check_target
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
 NOTE = ("rows are queries, columns keys; prompt rows from the prefill, each generated token's row from its "
@@ -126,33 +126,11 @@ def make_meta(model, token_strings: list[str], layers: list[int], heads: list[in
     }
 
 
-class DumpFile:
-    """The target's temporary sibling, created up front so a bad path fails before any work.
-
-    with DumpFile(path) as f: ...; f.write(...)  -> renamed onto `path`; any exception removes it.
-    """
+class DumpFile(OutputFile):
+    """An attention dump's target (files.OutputFile): a bad path fails before any work."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        parent = self.path.parent
-        if self.path.is_dir():
-            raise MinigenError(f"{self.path}: is a directory (give a file name for the dump, e.g. attn.npz)")
-        if not parent.is_dir():
-            raise MinigenError(f"{self.path}: directory {parent} does not exist")
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
-        except OSError as e:
-            raise MinigenError(f"{self.path}: cannot write in {parent} ({e.strerror or e})")
-        os.close(fd)
-        self.tmp = Path(tmp)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if self.tmp.exists():
-            self.tmp.unlink()
-        return False
+        super().__init__(path, "attention dump")
 
     def write(self, matrices: dict[int, np.ndarray], token_ids, prompt_length: int, meta: dict):
         arrays = {f"attention_{l}": m for l, m in matrices.items()}
@@ -162,16 +140,9 @@ class DumpFile:
         try:
             with open(self.tmp, "wb") as f:
                 np.savez(f, **arrays)
-            os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-            os.replace(self.tmp, self.path)
         except OSError as e:
             raise MinigenError(f"{self.path}: could not write the dump ({e.strerror or e})")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        self.commit()
 
 
 def load_attention(path: str | os.PathLike) -> dict:
@@ -237,6 +208,5 @@ class GenerationDump:
 
 
 def check_dump_path(path):
-    """Fail now, before any work, if the dump cannot be written there (nothing is left behind)."""
-    with DumpFile(path):
-        pass
+    """Fail now, before any work, if the dump cannot be written there."""
+    check_target(path, "attention dump")
