@@ -2,7 +2,8 @@
 so that blocked attention, its skipped keys and Mistral's sliding window across blocks are checked
 against transformers itself, not only against minigen's own unblocked attention.
 
-    /root/ref/bin/python scripts/make_long_fixtures.py     # torch==2.13.0 + transformers
+    /root/ref/bin/python scripts/make_long_fixtures.py             # all; torch==2.13.0 + transformers
+    /root/ref/bin/python scripts/make_long_fixtures.py gemma2      # or name some
 
 Writes tests/fixtures/<name>/reference_long.npz for existing fixture checkpoints:
     input_ids   (T,)                 int64    T = 300 random ids (fixed seed), BOS first where the family adds one
@@ -11,6 +12,7 @@ Writes tests/fixtures/<name>/reference_long.npz for existing fixture checkpoints
     attn_rows   (n_layers, n_heads, 10, T) float32  attention weights of the last 10 query rows
     greedy_ids  (12,)                int64    greedy continuation (argmax of full forwards)
 """
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +20,15 @@ import torch
 import transformers
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
-NAMES = ["llama_gqa3", "mistral_sliding", "gemma", "qwen2"]
+NAMES = ["llama_gqa3", "mistral_sliding", "gemma", "qwen2",
+         # sliding windows across blocks on some layers only (Gemma 2/3), on every layer (Phi-3), longrope
+         "gemma2", "gemma3_text_v4", "phi3"]
 T = 300
 
 
-def main():
+def main(names: list[str]):
     torch.manual_seed(0)
-    for name in NAMES:
+    for name in names or NAMES:
         path = FIXTURES / name
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                                   attn_implementation="eager").eval()
@@ -50,4 +54,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
