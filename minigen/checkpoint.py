@@ -8,7 +8,6 @@ from pathlib import Path
 from .config import load_config
 from .errors import MinigenError, read_json_object
 from .families import FAMILIES
-from .layers import activation
 from .model import Model
 from .tokenizer import Tokenizer
 from .weights import load_params
@@ -27,7 +26,6 @@ def load_model(path: str | Path) -> Model:
     """The Model alone: config, float32 weights, generation config."""
     path = Path(path)
     cfg = load_config(path)
-    activation(cfg.act)  # fail at load, not mid-forward, on an unknown activation
     params = load_params(path, cfg, FAMILIES[cfg.model_type])
     return Model(cfg, params, generation_config(path), path)
 

@@ -140,6 +140,9 @@ def _divide(a: int, b: int, where: str) -> int:
 
 
 def _check_layers(f: dict, where: str):
+    from .layers import ACTIVATIONS  # layers.py needs this module's Rope: imported here, not above
+    if f["act"] not in ACTIVATIONS:
+        raise MinigenError(f"{where}: unsupported activation {f['act']!r} (minigen has {', '.join(ACTIVATIONS)})")
     n = f["n_layers"]
     if len(f["layer_types"]) != n or any(t not in ("full_attention", "sliding_attention") for t in f["layer_types"]):
         raise MinigenError(f"{where}: field 'layer_types' should list full_attention/sliding_attention "
@@ -224,12 +227,15 @@ ROPE_KINDS = ("default", "linear", "llama3", "longrope")
 
 def rope_parameters(get: Fields, layer_type: str | None = None) -> dict:
     """The RoPE settings as one dict in transformers 5's shape, from whichever spelling the file uses:
-    `rope_parameters` (flat, or nested per layer type) or the older `rope_theta` + `rope_scaling`."""
-    params = get.dict("rope_parameters")
+    `rope_parameters` (flat, or nested per layer type) or the older `rope_scaling` (+ a top-level
+    `rope_theta`). As in transformers, a non-null `rope_scaling` wins over a flat `rope_parameters`,
+    and updates the full-attention entry of a nested one."""
+    params, scaling = get.dict("rope_parameters"), get.dict("rope_scaling")
     nested = {k: v for k, v in params.items() if isinstance(v, dict)}
     if nested:
-        return dict(nested.get(layer_type or "full_attention") or {})
-    return {**get.dict("rope_scaling"), **params}
+        kind = layer_type or "full_attention"
+        return {**(nested.get(kind) or {}), **(scaling if kind == "full_attention" else {})}
+    return scaling or params
 
 
 def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta: float | None = None) -> Rope:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import Fields, read_rope, rope_parameters
+from .errors import MinigenError
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def _gemma2(get, f):
 def _gemma3(get, f):
     """Gemma 3: sliding layers use rope_local_base_freq without scaling; full layers rope_theta, scaled.
     attn_logit_softcapping is read by transformers but never applied, so it is ignored here too."""
+    if get.bool("use_bidirectional_attention", default=False):  # EmbeddingGemma-style encoders
+        raise_field(get, "use_bidirectional_attention", "false: minigen runs causal decoders only")
     out = {**_biases(get, f), **_gemma2_like(get, f, pattern=get.int("sliding_window_pattern", default=6)),
            "final_softcap": get.float("final_logit_softcapping", default=None)}
     nested = isinstance(get.dict("rope_parameters").get("sliding_attention"), dict)
@@ -186,8 +189,7 @@ def _smollm3(get, f):
 
 
 def raise_field(get: Fields, name: str, what: str):
-    from .errors import MinigenError
-    raise MinigenError(f"{get.where}: field {name!r} should be {what}")
+    raise MinigenError(f"{get.where}: field {name!r} should be {what}, got {get.raw.get(name)!r}")
 
 
 GEMMA_FEATURES = dict(embed_scale=True)

@@ -17,6 +17,21 @@ FIXTURES = {
     "mistral_sliding": "mistral",
     "qwen2": "qwen2",
     "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma2_v4": "gemma2",
+    "gemma3_text": "gemma3_text",
+    "gemma3_text_v4": "gemma3_text",
+    "qwen3": "qwen3",
+    "qwen3_v4": "qwen3",
+    "phi3": "phi3",
+    "phi3_longrope": "phi3",
+    "phi3_longrope_v4": "phi3",
+    "olmo2": "olmo2",
+    "olmo2_v4": "olmo2",
+    "gpt_neox": "gpt_neox",
+    "gpt_neox_v4": "gpt_neox",
+    "smollm3": "smollm3",
+    "smollm3_v4": "smollm3",
 }
 
 

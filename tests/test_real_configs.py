@@ -6,6 +6,7 @@ tests/fixtures/real_* checkpoints (scripts/make_real_config_fixtures.py) match t
 The expected numbers below are written by hand from the real config.json files, not computed.
 """
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -73,12 +74,57 @@ EXPECTED = {
                      scaling=None, tied=True, window=None, act="gelu_pytorch_tanh", eos=(1,), eps=1e-6),
 }
 
+# The families added later: the same fields, plus what they add. `sliding` spells the layer pattern
+# (S sliding, F full), `thetas` the RoPE base per layer (None: no RoPE there), `rope_dim` the rotated
+# dims per head; scale is the attention scale's 1/x^2 (query_pre_attn_scalar or head_dim).
+LONGROPE_4096_131072 = ("longrope", 4096, (1 + math.log(32) / math.log(4096)) ** 0.5)
+GEMMA3_1B_PATTERN = "SSSSSF" * 4 + "SS"
+EXPECTED.update({
+    "gemma-2-2b": dict(layers=26, heads=8, kv=4, hd=256, hidden=2304, inter=9216, vocab=256000, theta=10000.0,
+                       scaling=None, tied=True, window=4096, sliding="SF" * 13, act="gelu_pytorch_tanh", eos=(1,),
+                       eps=1e-6, scale=256, softcaps=(50.0, 30.0)),
+    "gemma-2-2b-it": dict(layers=26, heads=8, kv=4, hd=256, hidden=2304, inter=9216, vocab=256000, theta=10000.0,
+                          scaling=None, tied=True, window=4096, sliding="SF" * 13, act="gelu_pytorch_tanh",
+                          eos=(1, 107), eps=1e-6, scale=256, softcaps=(50.0, 30.0)),
+    "gemma-3-270m": dict(layers=18, heads=4, kv=1, hd=256, hidden=640, inter=2048, vocab=262144, theta=None,
+                         thetas=[1e6 if t == "F" else 1e4 for t in "SSSSSF" * 3], scaling=None, tied=True, window=512,
+                         sliding="SSSSSF" * 3, act="gelu_pytorch_tanh", eos=(1,), eps=1e-6, scale=256, qk_norm="head"),
+    "gemma-3-1b-it": dict(layers=26, heads=4, kv=1, hd=256, hidden=1152, inter=6912, vocab=262144, theta=None,
+                          thetas=[1e6 if t == "F" else 1e4 for t in GEMMA3_1B_PATTERN], scaling=None, tied=True,
+                          window=512, sliding=GEMMA3_1B_PATTERN, act="gelu_pytorch_tanh", eos=(1, 106), eps=1e-6,
+                          scale=256, qk_norm="head"),
+    "Qwen3-0.6B": dict(layers=28, heads=16, kv=8, hd=128, hidden=1024, inter=3072, vocab=151936, theta=1e6,
+                       scaling=None, tied=True, window=None, act="silu", eos=(151645,), eps=1e-6, qk_norm="head"),
+    "Phi-3-mini-4k-instruct": dict(layers=32, heads=32, kv=32, hd=96, hidden=3072, inter=8192, vocab=32064,
+                                   theta=10000.0, scaling=None, tied=False, window=2047, act="silu", eos=(32000,),
+                                   eps=1e-5),
+    "Phi-3.5-mini-instruct": dict(layers=32, heads=32, kv=32, hd=96, hidden=3072, inter=8192, vocab=32064,
+                                  theta=10000.0, scaling=None, longrope=LONGROPE_4096_131072, tied=False,
+                                  window=262144, act="silu", eos=(32000,), eps=1e-5),
+    "Phi-4-mini-instruct": dict(layers=32, heads=24, kv=8, hd=128, hidden=3072, inter=8192, vocab=200064,
+                                theta=10000.0, scaling=None, longrope=LONGROPE_4096_131072, rope_dim=96, tied=True,
+                                window=262144, act="silu", eos=(200020,), eps=1e-5),
+    "SmolLM3-3B": dict(layers=36, heads=16, kv=4, hd=128, hidden=2048, inter=11008, vocab=128256, theta=None,
+                       thetas=[None if i % 4 == 3 else 5e6 for i in range(36)], scaling=None, tied=True, window=None,
+                       act="silu", eos=(128012,), eps=1e-6),
+    "OLMo-2-0425-1B": dict(layers=16, heads=16, kv=16, hd=128, hidden=2048, inter=8192, vocab=100352, theta=500000.0,
+                           scaling=None, tied=False, window=None, act="silu", eos=(100257,), eps=1e-6, qk_norm="proj",
+                           post_norms_only=True),
+    **{name: dict(layers=layers, heads=heads, kv=heads, hd=hidden // heads, hidden=hidden, inter=4 * hidden,
+                  vocab=50304, theta=10000.0, scaling=None, rope_dim=hidden // heads // 4, tied=False, window=None,
+                  act="gelu", eos=(0,), eps=1e-5, parallel=True)
+       for name, layers, heads, hidden in [("pythia-70m", 6, 8, 512), ("pythia-160m", 12, 12, 768),
+                                           ("pythia-410m", 24, 16, 1024), ("pythia-1b", 16, 8, 2048)]},
+})
+QKV_BIAS = ("Qwen2", "gpt2", "distilgpt2", "pythia")  # names starting so have q/k/v biases
+
 REAL_FIXTURES = ["real_gpt2", "real_qwen2_5", "real_llama3_2", "real_mistral_v0_1", "real_gemma_7b"]
 
 
 def test_every_real_config_has_expectations_and_a_layout():
     files = sorted(p.stem for p in (Path(__file__).parent / "real_configs").glob("*.json"))
-    assert files == sorted(EXPECTED) == shrink.NAMES
+    assert files == sorted(EXPECTED)
+    assert set(shrink.NAMES) <= set(files)  # the real tensor layouts read off the hub, where known
 
 
 def rope_scaling(r) -> tuple | None:
@@ -98,16 +144,32 @@ def test_real_config_reads_as_by_hand(name):
     assert c.group == e["heads"] // e["kv"]
     if e["theta"] is not None:
         assert {r.theta for r in c.rope} == {e["theta"]}
-    assert {rope_scaling(r) for r in c.rope} == ({rope_scaling(e["scaling"])} if c.positions == "rope" else set())
+    if "thetas" in e:
+        assert [r and r.theta for r in c.rope] == e["thetas"]
+    longrope = e.get("longrope")
+    if longrope:
+        assert {(r.kind, r.original_max) for r in c.rope} == {longrope[:2]}
+        assert [r.attention_factor for r in c.rope] == pytest.approx([longrope[2]] * c.n_layers)
+        assert {len(r.short_factor) for r in c.rope} == {len(r.long_factor) for r in c.rope} == {c.rope[0].dim // 2}
+    else:
+        assert {rope_scaling(r) for r in c.rope if r} == ({rope_scaling(e["scaling"])} if c.positions == "rope" else set())
+    assert {r.dim for r in c.rope if r} <= {e.get("rope_dim", e["hd"])}
     assert c.tie_word_embeddings is e["tied"]
-    assert [c.is_sliding(i) for i in range(c.n_layers)] == [e["window"] is not None] * c.n_layers
+    sliding = e.get("sliding", ("S" if e["window"] is not None else "F") * c.n_layers)
+    assert "".join("S" if c.is_sliding(i) else "F" for i in range(c.n_layers)) == sliding
     if e["window"] is not None:
         assert c.sliding_window == e["window"]
+    assert c.attn_scale == pytest.approx(e.get("scale", e["hd"]) ** -0.5)
+    assert (c.attn_softcap, c.final_softcap) == e.get("softcaps", (None, None))
+    assert c.qk_norm == e.get("qk_norm")
+    assert (c.pre_norms, c.post_norms) == ((False, True) if e.get("post_norms_only") else
+                                           (True, c.model_type.startswith("gemma") and c.model_type != "gemma"))
+    assert c.parallel_residual is e.get("parallel", False)
     assert c.act == e["act"]
     assert c.eos_token_ids == e["eos"]
     assert c.norm_eps == pytest.approx(e["eps"])
     assert c.positions == ("learned" if name.endswith("gpt2") else "rope")
-    assert c.qkv_bias is name.startswith(("Qwen", "gpt2", "distilgpt2"))  # q/k/v biases
+    assert c.qkv_bias is name.startswith(QKV_BIAS)
 
 
 @pytest.mark.parametrize("name", shrink.NAMES)
