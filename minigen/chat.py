@@ -9,9 +9,10 @@ prefix can end early: a template may render an earlier turn differently once a n
 that were sampled; the cache is then cut back to the prefix and the rest recomputed.
 
 When the conversation outgrows the context, the oldest exchanges (a user message and the replies to
-it) are dropped, the system message kept, until the rendered conversation leaves `max_tokens` of room
-for the reply or only the new message is left; a reply that still reaches the end of the context
-stops there (finish "context"). A message that does not fit on its own is refused.
+it) are dropped, the system message kept, until the rendered conversation leaves room for the reply
+(`max_tokens`, or half the context if that is less) or only the new message is left; a reply that
+still reaches the end of the context stops there (finish "context"). A message that does not fit on
+its own is refused.
 """
 from __future__ import annotations
 
@@ -58,9 +59,10 @@ class ChatSession:
 
     def fit(self, messages: list[dict], options: dict) -> tuple[list[dict], list[int], int]:
         """(messages, their ids, exchanges dropped): the oldest exchanges dropped until the reply has
-        max_tokens of room in the context, or only the newest message is left after the system's."""
-        room = options.get("max_tokens", Options.max_tokens)
+        room in the context (max_tokens, at most half the context: a huge max_tokens must not erase
+        the conversation), or only the newest message is left after the system's."""
         context = options.get("max_context") or self.model.config.max_position_embeddings
+        room = min(options.get("max_tokens", Options.max_tokens), context // 2)
         ids, dropped = chat_ids(self.tokenizer, messages), 0
         while len(ids) + room > context and (shorter := drop_oldest_exchange(messages)) is not None:
             messages, ids, dropped = shorter, chat_ids(self.tokenizer, shorter), dropped + 1

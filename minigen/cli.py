@@ -256,17 +256,21 @@ def enable_line_editing():
 
 def read_lines(terminal: bool):
     """The user's lines: stdin as it comes, or input() with a prompt in a terminal, where Ctrl-C
-    abandons the line being typed and Ctrl-D ends."""
+    abandons the line being typed and Ctrl-D ends. The prompt goes to stderr when stdout is not a
+    terminal (`minigen chat | tee log`), which then holds the replies only."""
     if not terminal:
         yield from sys.stdin
         return
+    aside = not stdout_is_terminal()
     while True:
         try:
-            yield input(">>> ")
+            if aside:
+                click.echo(">>> ", nl=False, err=True)
+            yield input("" if aside else ">>> ")
         except KeyboardInterrupt:
-            click.echo()
+            click.echo(err=aside)
         except EOFError:
-            click.echo()
+            click.echo(err=aside)
             return
 
 

@@ -205,12 +205,13 @@ def test_ctrl_c_inside_a_forward_leaves_a_consistent_cache(monkeypatch):
 
 def expected_with_context(path, lines, context, **options):
     """The documented rule, done by hand: before a turn, drop the oldest exchange (user + reply, the
-    system message kept) while the rendering leaves less than max_tokens of room and another remains."""
+    system message kept) while the rendering leaves less room than max_tokens (at most half the
+    context) and another exchange remains."""
     model, tok = load(path)
     messages, replies, dropped = [{"role": "system", "content": SYSTEM}], [], 0
     for line in lines:
         messages = messages + [{"role": "user", "content": line}]
-        while len(render(tok, messages)) + options["max_tokens"] > context and len(messages) > 2:
+        while len(render(tok, messages)) + min(options["max_tokens"], context // 2) > context and len(messages) > 2:
             messages, dropped = messages[:1] + messages[3:], dropped + 1
         replies.append(minigen.generate(model, tok, render(tok, messages), max_context=context, **options))
         messages.append({"role": "assistant", "content": replies[-1]})
@@ -229,6 +230,17 @@ def test_context_full_drops_the_oldest_exchanges(tmp_path):
     assert r.stdout == "".join(reply + "\n" for reply in replies)
     assert json.loads(saved.read_text(encoding="utf-8")) == messages and messages[0]["role"] == "system"
     assert r.stderr.count("the context is full: dropped the oldest") >= 1
+
+
+def test_a_huge_max_tokens_does_not_erase_the_conversation():
+    model, tok = load(FIXTURES / "qwen2")
+    session = ChatSession(model, tok)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": LINES[0]},
+                {"role": "assistant", "content": "Bonjour !"}, {"role": "user", "content": LINES[1]}]
+    assert len(render(tok, messages)) + 100 <= 200
+    assert session.fit(messages, {"max_tokens": 1000, "max_context": 200}) == (messages, render(tok, messages), 0)
+    # room 100, not 1000
+    assert session.fit(messages, {"max_tokens": 1000, "max_context": 150})[2] == 1  # room 75: one exchange goes
 
 
 def test_a_message_too_long_for_the_context_is_refused(tmp_path):
@@ -320,7 +332,11 @@ def test_terminal_prompt_and_ctrl_d(monkeypatch):
     replies = reference(path, LINES[:2], **options)[0]
     r = chat(path, *flags(options), "-q", input="\n".join(LINES[:2]) + "\n")  # then end of input: Ctrl-D
     assert r.exit_code == 0 and "/help for commands" in r.stderr
-    assert r.stdout == f">>> {replies[0]}\n>>> {replies[1]}\n>>> \n"
+    assert r.stdout == f"{replies[0]}\n{replies[1]}\n"  # stdout is not a terminal: the prompts go to stderr
+    assert r.stderr.endswith(">>> >>> >>> \n")
+    monkeypatch.setattr("minigen.cli.stdout_is_terminal", lambda: True)
+    r = chat(path, *flags(options), "-q", input="\n".join(LINES[:2]) + "\n")
+    assert r.exit_code == 0 and r.stdout == f">>> {replies[0]}\n>>> {replies[1]}\n>>> \n"
 
 
 def test_sampling_flags_apply_to_every_turn():
