@@ -200,7 +200,8 @@ CHAT_HELP = """commands:
   /reset         start a new conversation (the system message is kept)
   /system TEXT   set the system message (/system alone removes it); the conversation is kept
   /save FILE     write the conversation as JSON messages (minigen chat --load FILE resumes it)
-  /exit          quit (so does Ctrl-D); Ctrl-C stops a reply and keeps what was printed"""
+  /exit          quit (so does Ctrl-D); Ctrl-C stops a reply and keeps what was printed
+a message that starts with / is sent by typing // for its /"""
 
 
 @main.command()
@@ -234,11 +235,12 @@ def chat(model_path, system, load_path, quiet, verbose, **options):
         for line in read_lines(terminal):
             line = line.strip()
             try:
-                if line.startswith("/"):
+                if line.startswith("/") and not line.startswith("//"):
                     if not chat_command(session, line):
                         break
                 elif line:
-                    print_reply(session.reply(line), load_seconds, quiet, verbose)
+                    print_reply(session.reply(line[1:] if line.startswith("//") else line), load_seconds, quiet,
+                                verbose)
             except MinigenError as e:  # a bad message or command: say so and go on
                 click.echo(f"minigen: error: {e}", err=True)
                 failed = True

@@ -296,7 +296,7 @@ def test_reset_system_and_help(tmp_path, forwards):
     path, options = FIXTURES / "llama_gqa3", dict(max_tokens=6, ignore_eos=True)
     model, tok = load(path)
     saved = tmp_path / "c.json"
-    script = [LINES[0], "/system Answer in one word.", LINES[1], "/reset", LINES[2], "/help", "/nope",
+    script = [LINES[0], "/system Answer in one word.", LINES[1], "/reset", "//" + LINES[2], "/help", "/nope",
               f"/save {tmp_path}", f"/save {saved}"]
     r = chat(path, *flags(options), input="\n".join(script) + "\n")
     calls = list(forwards)  # the chat's; the references below add theirs
@@ -307,11 +307,10 @@ def test_reset_system_and_help(tmp_path, forwards):
     conversation = [system, {"role": "user", "content": LINES[0]}, {"role": "assistant", "content": a1},
                     {"role": "user", "content": LINES[1]}]
     a2 = minigen.generate(model, tok, render(tok, conversation), **options)
-    a3 = reference(path, LINES[2:], system["content"], **options)[0][0]
-    assert r.stdout == f"{a1}\n{a2}\n{a3}\n"
-    assert json.loads(saved.read_text(encoding="utf-8")) == reference(path, LINES[2:], system["content"], **options)[2]
-    renders = [render(tok, conversation[1:2]), render(tok, conversation),
-               render(tok, [system, {"role": "user", "content": LINES[2]}])]
+    a3, _, final = reference(path, ["/" + LINES[2]], system["content"], **options)  # "//..." sends "/..."
+    assert r.stdout == f"{a1}\n{a2}\n{a3[0]}\n"
+    assert json.loads(saved.read_text(encoding="utf-8")) == final
+    renders = [render(tok, conversation[1:2]), render(tok, conversation), render(tok, final[:2])]
     system_ids = tok.encode(tok.apply_chat_template([system], add_generation_prompt=False), add_special_tokens=False)
     (_, o1), (_, o2), (_, o3) = prefills(calls, renders)
     assert o2 == 1  # a system message now comes first: only <|im_start|> is shared, the rest is recomputed
