@@ -1,7 +1,9 @@
 """The growing KV cache: one per layer, preallocated, written at an offset, grown geometrically.
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
-the buffers are only reallocated when full, doubling, never re-concatenated every step.
+the buffers are only reallocated when full, doubling, never re-concatenated every step. Cutting it
+back (`truncate`, for a conversation whose new turn shares only a prefix with what was computed) only
+moves the offset: the rows beyond it are overwritten by the next writes.
 
 Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each head is then a
 contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
@@ -35,6 +37,12 @@ class KVCache:
         self.offset = end
         return self.keys_t[:, :, :end].transpose(0, 2, 1), self.values[:, :end]
 
+    def truncate(self, n: int):
+        """Keep the first n positions (0 <= n <= offset); later writes start at n."""
+        if not 0 <= n <= self.offset:
+            raise ValueError(f"cannot truncate a cache of {self.offset} positions to {n}")
+        self.offset = n
+
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
         keys_t = np.zeros(self.keys_t.shape[:2] + (capacity,), np.float32)
@@ -46,3 +54,9 @@ class KVCache:
 
 def make_cache(n_layers: int, n_kv: int, head_dim: int, capacity: int = 256) -> list[KVCache]:
     return [KVCache(n_kv, head_dim, capacity) for _ in range(n_layers)]
+
+
+def truncate(cache: list[KVCache], n: int):
+    """Cut every layer back to its first n positions."""
+    for layer in cache:
+        layer.truncate(n)

@@ -31,6 +31,14 @@ def _non_empty(values: tuple, flag: str) -> tuple:
     return values
 
 
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
 # --- generate, info (issue 3) ---------------------------------------------------------------
 
 def load_model(path):
@@ -65,24 +73,28 @@ def build_run(model, tokenizer, text: str, chat: bool, system: str | None, **opt
 def print_run(run, load_seconds: float, quiet: bool, verbose: bool) -> int:
     """Stream the text to stdout, piece by piece; notes and figures to stderr. Returns the exit code."""
     if verbose:
-        s = run.settings
         click.echo(f"model: {run.model.path} ({run.model.config.model_type}), prompt: {len(run.prompt)} tokens, "
-                   f"temp {s['temp']}, top-k {s['top_k']}, top-p {s['top_p']}, min-p {s['min_p']}, "
-                   f"repeat-penalty {s['repeat_penalty']} (last {run.options.repeat_last_n}), "
-                   f"seed {run.options.seed}, context {run.max_context}", err=True)
-    code = 0
+                   f"{settings_text(run.settings, run.options.repeat_last_n, run.options.seed, run.max_context)}",
+                   err=True)
+    code, last = 0, ""
     try:
         for piece in run.pieces():
             click.echo(piece, nl=False)
+            last = piece
     except KeyboardInterrupt:
         code = 130
-    if sys.stdout.isatty():
+    if last and not last.endswith("\n") and stdout_is_terminal():  # the figures start on a line of their own
         click.echo()
     if run.stats.finish == "context":
         click.echo(f"minigen: note: the context is full ({run.max_context} tokens); generation stopped", err=True)
     if not quiet:
         click.echo(figures(run.stats, load_seconds, verbose), err=True)
     return code
+
+
+def settings_text(s: dict, repeat_last_n: int, seed: int | None, max_context: int) -> str:
+    return (f"temp {s['temp']}, top-k {s['top_k']}, top-p {s['top_p']}, min-p {s['min_p']}, "
+            f"repeat-penalty {s['repeat_penalty']} (last {repeat_last_n}), seed {seed}, context {max_context}")
 
 
 def figures(stats, load_seconds: float, verbose: bool = False) -> str:
@@ -98,31 +110,43 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+GENERATION_OPTIONS = [  # generate's flags for a run (sampling, stopping, context, figures), shared with chat
+    click.option("-m", "-n", "--max-tokens", type=click.IntRange(min=0), default=256, show_default=True,
+                 help="Tokens to generate at most."),
+    click.option("--temp", type=click.FloatRange(min=0), help="Temperature; 0 is greedy. [default: from "
+                 "generation_config.json, else 0]"),
+    click.option("--top-k", type=click.IntRange(min=0), help="Keep the k most likely tokens (0: off)."),
+    click.option("--top-p", type=click.FloatRange(0, 1, min_open=True),
+                 help="Keep the smallest set reaching p (1: off)."),
+    click.option("--min-p", type=click.FloatRange(0, 1), help="Keep tokens at least min-p times the top one (0: off)."),
+    click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True),
+                 help="Penalise tokens seen recently, as HF's repetition_penalty (1: off)."),
+    click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
+                 help="Window of the repeat penalty, in tokens (0: the whole sequence)."),
+    click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text."),
+    click.option("--stop", multiple=True, callback=lambda ctx, param, value: _non_empty(value, "--stop"),
+                 help="Stop when this text appears (not printed). Repeatable."),
+    click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token."),
+    click.option("--max-context", type=click.IntRange(min=1), help="Context size in tokens (default: the model's)."),
+    click.option("-q", "--quiet", is_flag=True, help="No figures on stderr."),
+    click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after."),
+]
+
+
+def generation_options(command):
+    for option in reversed(GENERATION_OPTIONS):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
 @click.option("-p", "--prompt", "prompt_opt", help="The prompt; - reads it from stdin.")
 @click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
-@click.option("-m", "-n", "--max-tokens", type=click.IntRange(min=0), default=256, show_default=True,
-              help="Tokens to generate at most.")
-@click.option("--temp", type=click.FloatRange(min=0), help="Temperature; 0 is greedy. [default: from "
-              "generation_config.json, else 0]")
-@click.option("--top-k", type=click.IntRange(min=0), help="Keep the k most likely tokens (0: off).")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Keep the smallest set reaching p (1: off).")
-@click.option("--min-p", type=click.FloatRange(0, 1), help="Keep tokens at least min-p times the top one (0: off).")
-@click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True),
-              help="Penalise tokens seen recently, as HF's repetition_penalty (1: off).")
-@click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
-              help="Window of the repeat penalty, in tokens (0: the whole sequence).")
-@click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text.")
-@click.option("--stop", multiple=True, callback=lambda ctx, param, value: _non_empty(value, "--stop"),
-              help="Stop when this text appears (not printed). Repeatable.")
-@click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token.")
+@generation_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
 @click.option("--system", help="System message for --chat (implies --chat).")
-@click.option("--max-context", type=click.IntRange(min=1), help="Context size in tokens (default: the model's).")
-@click.option("-q", "--quiet", is_flag=True, help="No figures on stderr.")
-@click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after.")
 @click.option("--dump-attention", "dump_path", metavar="OUT.npz",
               help="Save every attention weight of the run (prompt and generated rows) as .npz.")
 @click.option("--attn-layers", metavar="0,5-7", help="Layers to dump (default all).")
@@ -166,6 +190,132 @@ def info(model_path):
     ]
     for name, value in rows:
         click.echo(f"{name + ':':<19}{value}")
+
+
+
+# --- chat (issue 12) ------------------------------------------------------------------------
+
+CHAT_HELP = """commands:
+  /help          this list
+  /reset         start a new conversation (the system message is kept)
+  /system TEXT   set the system message (/system alone removes it); the conversation is kept
+  /save FILE     write the conversation as JSON messages (minigen chat --load FILE resumes it)
+  /exit          quit (so does Ctrl-D); Ctrl-C stops a reply and keeps what was printed
+a message that starts with / is sent by typing // for its /"""
+
+
+@main.command()
+@click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
+@click.option("--system", help="System message (replaces the one of --load).")
+@click.option("--load", "load_path", type=click.Path(exists=True, dir_okay=False),
+              help="Resume a conversation saved with /save (a JSON list of messages).")
+@generation_options
+def chat(model_path, system, load_path, quiet, verbose, **options):
+    """A conversation through the checkpoint's chat template, one message per line.
+
+    Each reply is streamed to stdout and followed by a newline; figures go to stderr. The KV cache
+    carries over between turns, so a turn computes only its new tokens. In a terminal: line editing
+    and history, Ctrl-C stops a reply, Ctrl-D or /exit quits, /help lists the commands. When the
+    conversation outgrows the context, its oldest exchanges are dropped (the system message is kept).
+    """
+    from .chat import ChatSession, load_conversation
+    messages = load_conversation(load_path) if load_path else []
+    model, tokenizer, load_seconds = load_model(model_path)
+    session = ChatSession(model, tokenizer, messages, system=system, **options)
+    terminal = stdin_is_terminal()
+    if terminal:
+        enable_line_editing()
+        click.echo(f"minigen chat: {model.path}; /help for commands, Ctrl-D or /exit to quit", err=True)
+    if verbose:
+        click.echo(f"model: {model.path} ({model.config.model_type}), "
+                   f"{settings_text(session.settings, options['repeat_last_n'], options['seed'], session.max_context)}",
+                   err=True)
+    failed = False
+    try:
+        for line in read_lines(terminal):
+            line = line.strip()
+            try:
+                if line.startswith("/") and not line.startswith("//"):
+                    if not chat_command(session, line):
+                        break
+                elif line:
+                    print_reply(session.reply(line[1:] if line.startswith("//") else line), load_seconds, quiet,
+                                verbose)
+            except MinigenError as e:  # a bad message or command: say so and go on
+                click.echo(f"minigen: error: {e}", err=True)
+                failed = True
+    except KeyboardInterrupt:  # outside a reply (reading a pipe): stop there
+        sys.exit(130)
+    sys.exit(1 if failed else 0)
+
+
+def enable_line_editing():
+    try:
+        import readline  # noqa: F401 -- once imported, input() edits lines and keeps a history
+    except ImportError:
+        pass
+
+
+def read_lines(terminal: bool):
+    """The user's lines: stdin as it comes, or input() with a prompt in a terminal, where Ctrl-C
+    abandons the line being typed and Ctrl-D ends. The prompt goes to stderr when stdout is not a
+    terminal (`minigen chat | tee log`), which then holds the replies only."""
+    if not terminal:
+        yield from sys.stdin
+        return
+    aside = not stdout_is_terminal()
+    while True:
+        try:
+            if aside:
+                click.echo(">>> ", nl=False, err=True)
+            yield input("" if aside else ">>> ")
+        except KeyboardInterrupt:
+            click.echo(err=aside)
+        except EOFError:
+            click.echo(err=aside)
+            return
+
+
+def chat_command(session, line: str) -> bool:
+    """Carry out one /command; False when it asks to quit."""
+    name, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit", "/bye"):
+        return False
+    if name == "/help":
+        click.echo(CHAT_HELP, err=True)
+    elif name == "/reset":
+        session.reset()
+        click.echo("new conversation" + (" (the system message is kept)" if session.messages else ""), err=True)
+    elif name == "/system":
+        session.set_system(arg or None)
+        click.echo("system message " + ("set" if arg else "removed"), err=True)
+    elif name == "/save":
+        if not arg:
+            raise MinigenError("/save needs a file: /save FILE")
+        session.save(arg)
+        click.echo(f"saved {len(session.messages)} messages to {arg}", err=True)
+    else:
+        raise MinigenError(f"unknown command {name} (/help lists them)")
+    return True
+
+
+def print_reply(reply, load_seconds: float, quiet: bool, verbose: bool):
+    """Stream one reply to stdout and end it with a newline; notes and figures to stderr."""
+    if reply.dropped:
+        click.echo(f"minigen: note: the context is full: dropped the oldest {reply.dropped} exchange(s) "
+                   f"of the conversation (the system message is kept)", err=True)
+    try:
+        for piece in reply.pieces():
+            click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        pass  # the reply stops; what was printed stays in the conversation
+    reply.close()
+    click.echo()
+    if reply.stats.finish == "context":
+        click.echo(f"minigen: note: the context is full ({reply.run.max_context} tokens); the reply stopped", err=True)
+    if not quiet:
+        click.echo(figures(reply.stats, load_seconds, verbose), err=True)
 
 
 

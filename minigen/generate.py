@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .cache import truncate
 from .errors import MinigenError
 from .model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
@@ -34,19 +35,27 @@ class Step:
 def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = None,
                   processors: Sequence[Processor] = (), rng: np.random.Generator | None = None,
                   max_tokens: int = 256, eos_ids: Sequence[int] = (), max_context: int | None = None,
-                  record_attention: bool = False) -> Iterator[Step]:
-    """Yield one Step per generated token until EOS (yielded, finish "eos"), max_tokens or a full cache."""
+                  record_attention: bool = False, cache: list | None = None) -> Iterator[Step]:
+    """Yield one Step per generated token until EOS (yielded, finish "eos"), max_tokens or a full cache.
+
+    `cache`: a KV cache that already holds the first `cache[0].offset` (< len(prompt_ids)) of the
+    prompt's ids, from an earlier turn of a conversation; only the rest is computed. It is updated in
+    place: after each Step it holds the prompt and every generated token but the last.
+    """
     tokens = [int(t) for t in prompt_ids]
     max_context = max_context or model.config.max_position_embeddings
     check_prompt(len(tokens), max_context)
     sampler = sampler or make_sampler(0.0)
     rng = rng if rng is not None else np.random.default_rng()
-    cache = model.make_cache(min(max_context, len(tokens) + max_tokens))
-    eos, ids = frozenset(int(e) for e in eos_ids), tokens
+    cache = cache if cache is not None else model.make_cache(min(max_context, len(tokens) + max_tokens))
+    eos, ids = frozenset(int(e) for e in eos_ids), tokens[cache[0].offset:]
+    if not ids:
+        raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
     for n in range(1, max_tokens + 1):
         start, record = time.perf_counter(), [] if record_attention else None
         if must_recompute(model.config, cache[0].offset, len(ids)):  # longrope's switch, as transformers
-            cache, ids = model.make_cache(cache[0].capacity), tokens
+            truncate(cache, 0)  # in place: a caller's cache stays the one in use
+            ids = tokens
         logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
         scores = logits
         for process in processors:
@@ -78,14 +87,19 @@ def eos_token_ids(model) -> list[int]:
 
 def prompt_ids(tokenizer, prompt: str | Sequence[int], chat: bool = False, system: str | None = None) -> list[int]:
     """Ids to start from: ids as given; text encoded with the tokenizer's special tokens (BOS); or, for
-    chat, the chat template rendered with the generation prompt and encoded without adding any, as
-    transformers' apply_chat_template does (the template writes BOS itself)."""
+    chat, the chat template rendered (see chat_ids)."""
     if not isinstance(prompt, str):
         return [int(i) for i in prompt]
     if not (chat or system is not None):
         return tokenizer.encode(prompt)
     messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                [{"role": "user", "content": prompt}]
+    return chat_ids(tokenizer, messages)
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation through the chat template with the generation prompt, encoded without adding
+    special tokens, as transformers' apply_chat_template does (the template writes BOS itself)."""
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
                             add_special_tokens=False)
 
@@ -147,12 +161,15 @@ class Run:
     """One generation of text: `pieces()` yields text as it is produced; `stats` fills in as it goes.
 
     `on_step` callbacks see every Step (ids, logits, attention weights when recorded) before its text.
+    `cache`: a KV cache already holding the start of the prompt (see generate_step); the stats then
+    count only the prompt tokens computed.
     """
     model: object
     tokenizer: object
     prompt: list[int]
     options: Options = field(default_factory=Options)
     on_step: list[Callable[[Step], None]] = field(default_factory=list)
+    cache: list | None = None
 
     def __post_init__(self):
         self.options.check()
@@ -165,7 +182,7 @@ class Run:
                                           min_p=self.options.min_p, repeat_penalty=self.options.repeat_penalty)
         self.max_context = self.options.max_context or cfg_context
         check_prompt(len(self.prompt), self.max_context)
-        self.stats = Stats(prompt_tokens=len(self.prompt))
+        self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
 
     def steps(self) -> Iterator[Step]:
@@ -175,7 +192,7 @@ class Run:
         return generate_step(self.model, self.prompt, sampler, [penalty] if penalty else [],
                              np.random.default_rng(o.seed), o.max_tokens,
                              () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
-                             o.record_attention)
+                             o.record_attention, self.cache)
 
     def pieces(self) -> Iterator[str]:
         detok, pending, stops = self.tokenizer.streamer(), "", tuple(s for s in self.options.stop if s)
@@ -225,7 +242,7 @@ def split_at_stop(text: str, stops: Sequence[str], final: bool = False) -> tuple
 
 
 def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, system: str | None = None,
-        **options) -> Run:
+        cache: list | None = None, **options) -> Run:
     """A Run from keyword options named like the CLI's flags (max_tokens, temp, top_k, ..., stop)."""
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
@@ -233,7 +250,7 @@ def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, syste
     if isinstance(options.get("stop"), str):
         options["stop"] = (options["stop"],)
     ids = prompt_ids(tokenizer, prompt, chat, system)
-    return Run(model, tokenizer, ids, Options(**options))
+    return Run(model, tokenizer, ids, Options(**options), cache=cache)
 
 
 def generate(model, tokenizer, prompt: str | Sequence[int], **options) -> str:

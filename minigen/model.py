@@ -186,6 +186,16 @@ def must_recompute(cfg: Config, offset: int, n_new: int) -> bool:
                for r in set(cfg.rope))
 
 
+def reusable_prefix(cfg: Config, cached: int, common: int, total: int) -> int:
+    """How many positions of a cache holding `cached` a sequence of `total` ids may keep when its first
+    `common` ids are the cached ones: all `common`, unless longrope's switch lies between. Keys cached
+    past the switch were computed with the long factors (must_recompute sees to it), below it with the
+    short ones; a sequence reaching past it wants the long ones at every position, one below it the
+    short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
+    return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
+                    and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common
+
+
 # --- the loaded model --------------------------------------------------------------------------------
 
 class Model:

@@ -17,6 +17,7 @@ from minigen.cli import main
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py
 GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is the function
+CLI = sys.modules["minigen.cli"]
 
 
 @lru_cache(maxsize=None)
@@ -175,6 +176,18 @@ def test_ctrl_c_keeps_text_prints_figures_exits_130(monkeypatch):
     assert r.exit_code == 130
     assert greedy_text("gpt2", 20).startswith(r.stdout) and len(r.stdout) > 0
     assert "generation: 4 tokens" in r.stderr
+
+
+def test_figures_start_on_a_new_line_on_a_terminal(monkeypatch, capsys):
+    _, tok, ref = fixture("gpt2")
+    prompt, text = str(ref["prompt"]), greedy_text("gpt2", 5)
+    assert gen("gpt2", prompt, "-m", 5, "--ignore-eos").stdout == text  # not a terminal: the text only
+    monkeypatch.setattr(CLI, "stdout_is_terminal", lambda: True)
+    assert not text.endswith("\n") and gen("gpt2", prompt, "-m", 5, "--ignore-eos").stdout == text + "\n"
+    for pieces, newline in [(["Paris", "."], "\n"), (["Paris.\n"], ""), ([], "")]:
+        run = types.SimpleNamespace(pieces=lambda p=pieces: iter(p), stats=GENERATE.Stats(finish="eos"))
+        assert CLI.print_run(run, 0.0, quiet=True, verbose=False) == 0
+        assert capsys.readouterr().out == "".join(pieces) + newline
 
 
 def test_info():

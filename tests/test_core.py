@@ -81,6 +81,19 @@ def test_cache_grows_geometrically_and_keeps_rows():
     assert np.shares_memory(k, c.keys_t) and np.shares_memory(v, c.values)  # views, not copies
 
 
+def test_cache_truncate_rewinds_and_later_writes_overwrite():
+    c = KVCache(n_kv=1, head_dim=2, capacity=4)
+    c.update_and_fetch(np.arange(8, dtype=np.float32).reshape(1, 4, 2), -np.ones((1, 4, 2), np.float32))
+    c.truncate(1)
+    k, v = c.update_and_fetch(np.full((1, 2, 2), 9, np.float32), np.full((1, 2, 2), 7, np.float32))
+    assert c.offset == 3 and c.capacity == 4
+    np.testing.assert_array_equal(k[0], [[0, 1], [9, 9], [9, 9]])
+    np.testing.assert_array_equal(v[0, :, 0], [-1, 7, 7])
+    for bad in (-1, 4):
+        with pytest.raises(ValueError):
+            c.truncate(bad)
+
+
 def test_cached_decode_equals_uncached(tmp_path):
     model = minigen.load(tiny_checkpoint.write(tmp_path / "ckpt"))[0]
     ids = np.random.default_rng(1).integers(0, 64, 40)

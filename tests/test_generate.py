@@ -8,6 +8,7 @@ import pytest
 
 import minigen
 from conftest import FIXTURES as PARITY_FIXTURES
+from minigen import cache as cache_module
 from minigen.errors import MinigenError
 from minigen.generate import Run, Options, eos_token_ids, generate_step, prompt_ids, run, split_at_stop
 from minigen.sampling import make_sampler, repetition_penalty
@@ -58,6 +59,23 @@ def test_cached_decode_equals_recompute(name):
         full = model.logits(seq)[-1]
         np.testing.assert_allclose(step.logits, full, rtol=1e-4, atol=1e-4)
         seq.append(step.token)
+
+
+def test_generate_step_continues_from_a_cache():
+    model, tok, ref = fixture("llama_gqa3")
+    ids = ref["input_ids"].tolist()
+    cache = model.make_cache(4)
+    model.forward(ids[:25] + [7, 7, 7], cache)  # the first 25 ids are the prompt's; then a stale tail
+    cache_module.truncate(cache, 25)
+    fed = []
+    forward = model.forward
+    model = copy.copy(model)
+    model.forward = lambda x, c, **kw: fed.append(len(x)) or forward(x, c, **kw)
+    steps = list(generate_step(model, ids, max_tokens=8, cache=cache))
+    assert [s.token for s in steps] == ref["greedy_ids"][:8].tolist()
+    assert fed == [len(ids) - 25] + [1] * 7 and cache[0].offset == len(ids) + 7
+    with pytest.raises(ValueError, match="whole prompt"):
+        next(generate_step(model, ids[:10], cache=cache))
 
 
 def test_repetition_penalty_matches_manual_loop():
