@@ -130,8 +130,9 @@ def test_generation_dump_selection_dtype_verify(tmp_path):
                            "--attn-dtype", "float16", "--attn-verify")
     assert "verify" in r.output and "match" in r.output
     with np.load(out) as z:
-        assert sorted(k for k in z.files if k.startswith("attention_")) == ["attention_0", "attention_2"]
-        assert z["attention_0"].dtype == np.float16 and z["attention_0"].shape[0] == 4
+        assert sorted(k for k in z.files if k.startswith("attention_")) == ["attention_tril_0", "attention_tril_2"]
+        T = len(z["token_ids"])
+        assert z["attention_tril_0"].dtype == np.float16 and z["attention_tril_0"].shape == (4, T * (T + 1) // 2)
     assert load_attention(out)["heads"] == [1, 2, 3, 8]
     assert [p.name for p in tmp_path.iterdir()] == ["gen.npz"]      # no temporary left
 
@@ -153,7 +154,8 @@ def induction_model(tmp_path_factory):
 
 
 def test_induction_probe_finds_the_induction_head(induction_model):
-    ids, n, scores = induction_probe(*minigen.load(induction_model))
+    p = induction_probe(*minigen.load(induction_model))
+    ids, n, scores = p["ids"], p["n"], p["scores"]["induction"]
     assert np.array_equal(ids[:n], ids[n:])
     assert np.unravel_index(scores.argmax(), scores.shape) == (1, 0)
     assert scores[1, 0] > 0.85 and scores[0].max() < 0.2 and scores[1, 1] < 0.2
