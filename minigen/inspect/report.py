@@ -98,7 +98,7 @@ def format_top_keys(r: dict, width: int = 40) -> list[str]:
     out = [f"layer {r['layer']}, head {r['head']}: where token {q['index']} {q['text']!r} looks ({shown}){view}"]
     w = max(len(repr(label(key["text"]))) for key in r["keys"]) + 2
     for key in r["keys"]:
-        out.append(f"  {key['index']:5d} {repr(label(key['text'])).ljust(w)} {100 * key['weight']:6.2f}%  {bar(key['weight'], width)}")
+        out.append(f"  {key['index']:5d} {repr(label(key['text'])).ljust(w)} {100 * key['weight']:6.2f}%  {bar(key['weight'], width)}".rstrip())
     if k < n:
         out.append(f"  {'':5s} {'(others)'.ljust(w)} {100 * r['others']:6.2f}%")
     return out
