@@ -338,12 +338,13 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
                "--model with --from is used only by --value-weighted and --probe (the dump holds the weights)"),
         probe=((probe_length is not None or probe_first is not None) and probe is None,
                "--probe-length and --probe-first go with --probe induction"),
+        census=(probe is not None and token_spec is not None, "--probe adds columns to the census, not to --token's views"),
     )
     if prompt is None and from_path is None:
         if probe is None:
             raise click.UsageError("give a PROMPT (or - to read stdin), or --from DUMP.npz, or --probe induction")
         model, tok, _ = load_model(model_path)
-        _emit(C.probe(model, tok, probe_length, seed, probe_first, attn_layers, attn_heads), as_json, R.format_probe)
+        _emit(C.probe(model, tok, probe_length, seed, probe_first, attn_layers, attn_heads), as_json, R.format_attention)
         return
     with ExitStack() as files:  # both paths are checked before any work; nothing is left if it fails
         dump = files.enter_context(DumpFile(dump_path)) if dump_path else None
@@ -366,21 +367,13 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
         if page is not None:
             written["html"] = C.write_html(src, page, layer, head)
             click.echo(f"wrote {html_path} ({written['html']['bytes'] / 2**20:.1f} MiB): open it in a browser", err=True)
-    view = C.value_weighted(src) if value_weighted else src
-    if token_spec is not None:
-        view = C.first_hidden(view) if exclude_first else view
-        if key_spec is not None:
-            result, fmt = C.query_grid(view, token_spec, key_spec), R.format_query_grid
-        else:
-            result, fmt = C.top_keys(view, layer, head, token_spec, top_k), R.format_top_keys
-    elif written and probe is None and not (value_weighted or exclude_first):
-        if as_json:
+    if written and token_spec is None and probe is None and not (value_weighted or exclude_first):
+        if as_json:  # asked for files only; a view flag (or no file flag) prints the census
             click.echo(C.as_json({"command": "attention", "view": "files", "files": written}))
-        return  # asked for files; a view flag (or none at all) prints the census
-    else:
-        probed = induction_probe(src.model, src.tokenizer, probe_length, seed, probe_first) if probe else None
-        result, fmt = C.attention_census(src, exclude_first, value_weighted, probed), R.format_census
-    _emit({**result, "files": written} if written else result, as_json, fmt)
+        return
+    probed = induction_probe(src.model, src.tokenizer, probe_length, seed, probe_first) if probe else None
+    result = C.attention_view(src, layer, head, token_spec, key_spec, top_k, value_weighted, exclude_first, probed)
+    _emit({**result, "files": written} if written else result, as_json, R.format_attention)
 
 
 @main.command()

@@ -1,7 +1,6 @@
 """What heads do (issue 11): the logit lens and head ablation against transformers, direct logit attribution,
 activation patching and value-weighted attention on hand-built cases, and the commands' text and JSON."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,7 +90,6 @@ def test_lens_rows(family_model):
 def test_mean_ablation_of_a_constant_head_changes_nothing(family_model):
     """A head whose output is already its mean at every position: replace z by a constant first (a change
     of our own), then mean-ablating it on top must give exactly that run."""
-    c = family_model.config
     const = {("z", 1): lambda z: np.concatenate([np.full_like(z[:, :1], 0.3), z[:, 1:]], axis=1)}
     base = run(family_model, IDS, Intervention(const))
     both = Intervention({("z", 1): lambda z: changes_for([Component("head", 1, 0)], "mean")[("z", 1)](const[("z", 1)](z))})

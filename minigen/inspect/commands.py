@@ -172,6 +172,17 @@ def attention_census(src: Source, exclude_first: bool, weighted: bool, probed: d
     return out
 
 
+def attention_view(src: Source, layer: int | None, head: int | None, token: str | None, key: str | None, k: int,
+                   weighted: bool, exclude_first: bool, probed: dict | None) -> dict:
+    """What `minigen attention` shows: one query's top keys for one head (token, layer, head), one query's
+    weight on one key in every layer and head (token, key), or else the census."""
+    if token is None:
+        return attention_census(src, exclude_first, weighted, probed)
+    view = value_weighted(src) if weighted else src
+    view = first_hidden(view) if exclude_first else view
+    return query_grid(view, token, key) if key is not None else top_keys(view, layer, head, token, k)
+
+
 def top_keys(src: Source, layer: int, head: int, token: str, k: int) -> dict:
     a = pattern(src, layer, head)
     i = resolve_token(src.tokens, token)

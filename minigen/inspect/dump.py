@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MinigenError
-from ..files import OutputFile, check_target
+from ..files import OutputFile
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
 NOTE = ("rows are queries, columns keys; attention_tril_{l} holds each head's lower triangle in np.tril_indices(T) "
@@ -253,8 +253,3 @@ class GenerationDump:
         mats = self.recorder.matrices()
         self.file.write(mats, ids, len(self.prompt), meta)
         return {"token_ids": ids, "matrices": mats, "meta": meta, "path": self.file.path}
-
-
-def check_dump_path(path):
-    """Fail now, before any work, if the dump cannot be written there."""
-    check_target(path, "attention dump")

@@ -38,6 +38,11 @@ def heads_list(best) -> str:
 
 # --- attention ------------------------------------------------------------------------------------------
 
+def format_attention(r: dict) -> list[str]:
+    return {"census": format_census, "top_keys": format_top_keys, "query_grid": format_query_grid,
+            "probe": format_probe}[r["view"]](r)
+
+
 def format_census(r: dict, n_best: int = 3) -> list[str]:
     """One line per layer x head, then the strongest heads of each kind, then what each column means."""
     table = {k: np.asarray(v, dtype=np.float64) for k, v in r["stats"].items()}
@@ -116,7 +121,7 @@ def format_query_grid(r: dict) -> list[str]:
     out = [f"weight of query {q['index']} {q['text']!r} on key {k['index']} {k['text']!r}, every layer x head, "
            f"in %{view}"]
     out += grid_lines(100 * w, r["layers"], [f"h{h}" for h in r["heads"]], lambda v: f"{v:.1f}")
-    out.append(f"largest: " + "  ".join(f"{l}.{h} {100 * v:.1f}%" for l, h, v in strongest(w, r["layers"], r["heads"], 5)))
+    out.append("largest: " + "  ".join(f"{l}.{h} {100 * v:.1f}%" for l, h, v in strongest(w, r["layers"], r["heads"], 5)))
     return out
 
 
@@ -152,8 +157,7 @@ def format_sweep(r: dict, top: int) -> list[str]:
     order = "KL(before || after)" if r["rank"] == "kl" else f"the drop in log p({t['text']!r})"
     out = [f"ablating {what} in turn ({r['mode']}), ranked by {order}; next token after {pos['index']} {pos['text']!r}",
            f"  before: {top_line(r['top_before'])}   log p({t['text']!r}) = {r['logp_before']:.3f}",
-           f"  {'rank':>4} {'part':>8} {'KL':>8} {'Δ log p':>8}   top token after",
-           ]
+           f"  {'rank':>4} {'L.H' if r['sweep'] == 'heads' else 'block':>8} {'KL':>8} {'Δ log p':>8}   top token after"]
     for n, e in enumerate(r["effects"][:top], 1):
         out.append(f"  {n:4d} {e['name']:>8} {e['kl']:8.4f} {e['delta_logp']:+8.3f}   {tok(e['top_after'])} "
                    f"{pct(e['top_after']['p'])}")
