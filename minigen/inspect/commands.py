@@ -38,7 +38,9 @@ def _plain(x):
         return [_plain(v) for v in x]
     if isinstance(x, np.ndarray):
         return _plain(x.tolist())
-    if isinstance(x, (np.integer,)):
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
         return int(x)
     if isinstance(x, (float, np.floating)):
         return None if not math.isfinite(float(x)) else float(x)
@@ -116,7 +118,8 @@ def _kept(text, n: int, present: list[int], what: str, flag: str, path) -> list[
 
 
 def with_model(src: Source, model, tok) -> Source:
-    """A dump's patterns joined with the model that made them (checked: same layers, heads and tokens)."""
+    """A dump's patterns joined with the model that made them (checked as far as a dump allows: its layers,
+    heads and token ids must exist in the model)."""
     c = model.config
     if max(src.layers) >= c.n_layers or max(src.heads) >= c.n_heads or int(np.max(src.ids)) >= c.vocab_size:
         raise MinigenError(f"{model.path} does not fit this dump ({c.n_layers} layers, {c.n_heads} heads, "
@@ -188,7 +191,7 @@ def top_keys(src: Source, layer: int, head: int, token: str, k: int) -> dict:
     i = resolve_token(src.tokens, token)
     row = np.asarray(a[i, :i + 1], dtype=np.float64)
     order = np.argsort(-row, kind="stable")[:k]
-    return {"command": "attention", "view": "top_keys", "layer": layer, "head": head, "view_of": list(src.view),
+    return {"command": "attention", "view": "top_keys", "layer": layer, "head": head, "transforms": list(src.view),
             "query": position_json(src.tokens, i), "n_keys": i + 1,
             "keys": [{**position_json(src.tokens, j), "weight": float(row[j])} for j in order],
             "others": float(max(0.0, 1.0 - row[order].sum()))}
@@ -199,7 +202,7 @@ def query_grid(src: Source, token: str, key: str) -> dict:
     i = resolve_token(src.tokens, token)
     j = resolve_token(src.tokens[:i + 1], key, "--key")
     layers = sorted(src.layers)
-    return {"command": "attention", "view": "query_grid", "view_of": list(src.view),
+    return {"command": "attention", "view": "query_grid", "transforms": list(src.view),
             "query": position_json(src.tokens, i), "key": position_json(src.tokens, j),
             "layers": layers, "heads": src.heads, "weights": np.stack([src.layers[l][:, i, j] for l in layers])}
 

@@ -98,7 +98,7 @@ def format_probe(r: dict) -> list[str]:
 def format_top_keys(r: dict, width: int = 40) -> list[str]:
     """Bar chart of the largest weights of one query row."""
     q, n, k = r["query"], r["n_keys"], len(r["keys"])
-    view = f" [{', '.join(r['view_of'])}]" if r["view_of"] else ""
+    view = f" [{', '.join(r['transforms'])}]" if r["transforms"] else ""
     shown = f"all {n} keys" if k == n else f"top {k} of {n} keys"
     out = [f"layer {r['layer']}, head {r['head']}: where token {q['index']} {q['text']!r} looks ({shown}){view}"]
     w = max(len(repr(label(key["text"]))) for key in r["keys"]) + 2
@@ -117,7 +117,7 @@ def bar(w: float, width: int = 40) -> str:
 def format_query_grid(r: dict) -> list[str]:
     q, k = r["query"], r["key"]
     w = np.asarray(r["weights"], dtype=np.float64)
-    view = f" [{', '.join(r['view_of'])}]" if r["view_of"] else ""
+    view = f" [{', '.join(r['transforms'])}]" if r["transforms"] else ""
     out = [f"weight of query {q['index']} {q['text']!r} on key {k['index']} {k['text']!r}, every layer x head, "
            f"in %{view}"]
     out += grid_lines(100 * w, r["layers"], [f"h{h}" for h in r["heads"]], lambda v: f"{v:.1f}")
