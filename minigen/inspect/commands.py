@@ -194,7 +194,7 @@ def top_keys(src: Source, layer: int, head: int, token: str, k: int) -> dict:
     return {"command": "attention", "view": "top_keys", "layer": layer, "head": head, "transforms": list(src.view),
             "query": position_json(src.tokens, i), "n_keys": i + 1,
             "keys": [{**position_json(src.tokens, j), "weight": float(row[j])} for j in order],
-            "others": float(max(0.0, 1.0 - row[order].sum()))}
+            "others": 0.0 if len(order) == len(row) else float(max(0.0, 1.0 - row[order].sum()))}
 
 
 def query_grid(src: Source, token: str, key: str) -> dict:

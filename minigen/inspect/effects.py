@@ -128,7 +128,7 @@ def ablation(model, ids, components: list[Component], mode: str, position: int, 
 
 def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = None) -> dict:
     """Ablate each head (kind "heads") or each layer's "attn" or "mlp" in turn, alone; the effect of each
-    on the distribution at `position`, in component order (report.py ranks them)."""
+    on the distribution at `position`, in component order (commands.sweep ranks them)."""
     x_in, _ = layer_inputs(model, ids)
     before = logits_of(model, x_in[-1][position])
     target = int(np.argmax(before)) if target is None else target
