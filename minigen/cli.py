@@ -1,4 +1,4 @@
-"""The command line: flags and printing only. Work happens in generate.py, convert.py, inspect.py."""
+"""The command line: flags and printing only. Work happens in generate.py, convert.py and inspect/."""
 from __future__ import annotations
 
 import sys
@@ -342,17 +342,22 @@ def convert(source, out_dir, dtype):
                f"{result.nbytes / 1e6:.0f} MB ({dtype}) in {time.perf_counter() - start:.1f} s", err=True)
 
 
-# --- attention, trace (issue 5) -------------------------------------------------------------
+# --- looking inside: attention, trace (issue 5); ablate, patch, lens, dla (issue 11) ------------------------
+# Each command parses its flags, calls one function of minigen/inspect/commands.py, and prints the result
+# as text (inspect/report.py) or, with --json, as one JSON object on stdout (fields: README).
 
 def pop_dump_options(options: dict) -> dict | None:
     """Take generate's --dump-attention options out of `options`; check the path before any work."""
-    from .inspect.dump import check_dump_path
+    from .files import check_target
     dump = {k: options.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_verify")}
     if dump["dump_path"] is None:
         if any(v for k, v in dump.items() if k != "dump_path"):
             raise click.UsageError("--attn-layers, --attn-heads, --attn-dtype and --attn-verify go with --dump-attention")
         return None
-    check_dump_path(dump["dump_path"])
+    if options["max_tokens"] == 0:
+        raise click.UsageError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
+                               "for the prompt alone: minigen attention PROMPT --dump-attention OUT.npz")
+    check_target(dump["dump_path"], "attention dump")
     return dump
 
 
@@ -371,7 +376,7 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
         out = d.finish()
     T = len(out["token_ids"])
     click.echo(f"attention: wrote {out['path']} ({len(d.layers)} layers x {len(d.heads)} heads x {T}x{T} "
-               f"{d.dtype.name}; prompt {len(run.prompt)} tokens)", err=True)
+               f"{d.dtype.name}, lower triangles; prompt {len(run.prompt)} tokens)", err=True)
     if dump["attn_verify"]:
         err = verify_rows(run.model, out["token_ids"], out["matrices"], d.heads)
         tol = 1e-4 if d.dtype.itemsize == 4 else 2e-3
@@ -381,223 +386,275 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
     return 0
 
 
-def _inspect_model(path):
-    """--model PATH, or the default model when it is not given: (model, tokenizer)."""
-    return load_model(path)[:2]
-
-
 def _prompt_ids(tokenizer, prompt, chat):
     from .generate import prompt_ids
     if prompt == "-":
         prompt = sys.stdin.read()
-    return prompt_ids(tokenizer, prompt, chat=chat)
+    ids = prompt_ids(tokenizer, prompt, chat=chat)
+    if not ids:
+        raise MinigenError("the prompt is empty (no tokens to look at)")
+    return ids
 
 
-def _attention_source(prompt, model_path, from_path, chat, attn_layers, attn_heads):
-    """(model or None, ids, layers {l: (heads, T, T)}, heads, tokens, prompt_length or None, subtitle)."""
-    from .inspect import dump as D
-    from .inspect.internals import prompt_attention
-    if from_path is not None:
-        if prompt is not None:
-            raise MinigenError("give either a PROMPT or --from DUMP.npz, not both")
-        d = D.load_attention(from_path)
-        m = d["meta"]
-        layers = d["layers"]
-        if attn_layers is not None:
-            keep = D.parse_selection(attn_layers, m.get("n_layers", max(layers) + 1), "layer", "--attn-layers")
-            missing = [l for l in keep if l not in layers]
-            if missing:
-                raise MinigenError(f"--attn-layers: layer {missing[0]} is not in {from_path} (it has {sorted(layers)})")
-            layers = {l: layers[l] for l in keep}
-        heads = list(d["heads"])
-        tokens = m.get("tokens") or [str(i) for i in d["token_ids"]]
-        sub = f"{m.get('model_path', '?')} · from {from_path}"
-        return None, d["token_ids"], layers, heads, tokens, d["prompt_length"], sub
+def _emit(result: dict, as_json: bool, format_lines):
+    """The result as one JSON object, or as the report's lines."""
+    from .inspect.commands import as_json as to_json
+    if as_json:
+        click.echo(to_json(result))
+        return
+    for line in format_lines(result):
+        click.echo(line)
+
+
+def _model_and_ids(model_path, prompt, chat):
     if prompt is None:
-        raise MinigenError("give a PROMPT (or - to read stdin), or --from DUMP.npz")
-    model, tok = _inspect_model(model_path)
-    ids = _prompt_ids(tok, prompt, chat)
-    c = model.config
-    keep_l = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
-    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
-    record = prompt_attention(model, ids)
-    layers = {l: record[l][heads] for l in keep_l}
-    return (model, tok), ids, layers, heads, tok.token_strings(ids), None, str(model.path)
+        raise click.UsageError("give a PROMPT (or - to read stdin)")
+    model, tok, _ = load_model(model_path)
+    return model, tok, _prompt_ids(tok, prompt, chat)
 
 
-def _pick(layers, heads, layer, head):
-    """Map --layer/--head onto the kept arrays: (layer array index into dict, head position)."""
-    if layer not in layers:
-        raise MinigenError(f"--layer {layer} out of range (available: {_ranges(sorted(layers))})")
-    if head not in heads:
-        raise MinigenError(f"--head {head} out of range (available: {_ranges(heads)})")
-    return layers[layer][heads.index(head)]
+def _shared(f):
+    """--model, --chat and --json, which every command on a prompt takes."""
+    f = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (fields: README).")(f)
+    f = click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")(f)
+    return click.option("--model", "model_path", metavar="PATH",
+                        help="Checkpoint directory (default: the default model).")(f)
 
 
-def _ranges(xs):
-    return f"{xs[0]}-{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
+def _usage(**conflicts):
+    """Usage errors for flags given together that do not go together: name=(given, message)."""
+    for given, message in conflicts.values():
+        if given:
+            raise click.UsageError(message)
 
 
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("--model", "model_path", metavar="PATH", help="Checkpoint directory (default: the default model).")
+@_shared
 @click.option("--from", "from_path", metavar="DUMP.npz", help="Inspect a dump made by --dump-attention instead.")
-@click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")
 @click.option("--layer", type=int, help="Layer for --token (and the HTML's first view).")
 @click.option("--head", type=int, help="Head for --token (and the HTML's first view).")
-@click.option("--token", "token_spec", metavar="I|TEXT", help="Query token: index (negative from the end) or its text.")
+@click.option("--token", "token_spec", metavar="I|TEXT",
+              help="Query token: index (negative from the end) or text (its last occurrence).")
+@click.option("--key", "key_spec", metavar="I|TEXT",
+              help="With --token and no --layer/--head: the query's weight on this key in every layer x head.")
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=10, show_default=True, help="Bars for --token.")
-@click.option("--probe", type=click.Choice(["induction"]), help="Add induction scores from a repeated random sequence.")
+@click.option("--value-weighted", is_flag=True,
+              help="Weigh each key by the size of what it sends, |α·v·W_O| (rows renormalised).")
+@click.option("--exclude-first", is_flag=True, help="Hide the first token (the sink) and renormalise the rows.")
+@click.option("--probe", type=click.Choice(["induction"]),
+              help="Add induction and duplicate-token scores from a repeated random sequence.")
 @click.option("--probe-length", type=click.IntRange(min=2), help="Random tokens per repeat (default 50, or what fits).")
+@click.option("--probe-first", metavar="TOKEN|none",
+              help="What comes before the repeats: a token (text or #ID), or none (default: the tokenizer's BOS, if any).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the probe's random tokens.")
 @click.option("--html", "html_path", metavar="OUT.html", help="Write a self-contained page with every head.")
 @click.option("--dump-attention", "dump_path", metavar="OUT.npz", help="Save the prompt's attention as .npz.")
 @click.option("--attn-layers", metavar="0,5-7", help="Layers to keep (default all).")
 @click.option("--attn-heads", metavar="0-3", help="Heads to keep (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
-def attention(prompt, model_path, from_path, chat, layer, head, token_spec, top_k, probe, probe_length, seed,
-              html_path, dump_path, attn_layers, attn_heads, attn_dtype):
-    """Census of every layer x head for PROMPT, top-k for one token, an HTML picture.
+def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_spec, key_spec, top_k,
+              value_weighted, exclude_first, probe, probe_length, probe_first, seed, html_path, dump_path,
+              attn_layers, attn_heads, attn_dtype):
+    """Census of every layer x head for PROMPT, one query's top keys, one query across the model, a page.
 
     \b
       minigen attention "The cat sat on the mat. The cat" --model PATH
       minigen attention "..." --layer 3 --head 2 --token -1
-      minigen attention "..." --probe induction
+      minigen attention "..." --token -1 --key cat          # every layer x head
+      minigen attention "..." --value-weighted --exclude-first
+      minigen attention --probe induction
       minigen attention --from attn.npz --html attn.html
     """
-    from .inspect import dump as D
-    from .inspect.html import render_html
-    from .inspect.internals import check_layer_head, induction_probe, resolve_token
-    from .inspect.report import format_census, format_topk
-    from .inspect.stats import census
-
-    if (token_spec is not None) and (layer is None or head is None):
-        raise MinigenError("--token needs --layer and --head")
-    if prompt is None and from_path is None and probe:  # the probe on its own
-        _print_probe(*_inspect_model(model_path), probe_length, seed, attn_layers, attn_heads)
-        return
-    dump_file = D.DumpFile(dump_path) if dump_path else None   # a bad path fails before any work
-    try:
-        if dump_file is not None and from_path is not None:
-            raise MinigenError("--dump-attention writes a new dump from a PROMPT; with --from the dump exists")
-        if dump_file is not None:
-            dtype = D.parse_dtype(attn_dtype)
-        loaded, ids, layers, heads, tokens, prompt_length, sub = _attention_source(
-            prompt, model_path, from_path, chat, attn_layers, attn_heads)
-        model = loaded[0] if loaded else None
-        if layer is not None or head is not None:
-            if model is not None:
-                check_layer_head(model.config, layer if layer is not None else 0, head if head is not None else 0)
-            _pick(layers, heads, layer if layer is not None else min(layers), head if head is not None else heads[0])
-        if dump_file is not None:
-            D.check_budget(len(layers), len(heads), len(tokens), dtype)
-            meta = D.make_meta(model, tokens, sorted(layers), heads, dtype, None, "attention")
-            dump_file.write({l: a.astype(dtype) for l, a in layers.items()}, ids, len(ids), meta)
-            click.echo(f"wrote {dump_path}: {len(layers)} layers x {len(heads)} heads x {len(tokens)}x{len(tokens)}", err=True)
-        if html_path:
-            _write_html(html_path, layers, heads, tokens, prompt_length, sub, layer, head)
-        if token_spec is not None:
-            i = resolve_token(tokens, token_spec)
-            a = _pick(layers, heads, layer, head)
-            click.echo(f"layer {layer}, head {head}: where token {i} {tokens[i]!r} looks (top {top_k} of {i + 1} keys)")
-            for line in format_topk(a[i], tokens, i, top_k):
-                click.echo(line)
-            return
-        if (html_path or dump_path) and not probe:
-            return  # asked for files; --probe (or no file flags) prints the census
-        table = census(layers)
-        if probe:
-            pm = loaded or _inspect_model(model_path or _dump_model_path(from_path))
-            _, n, scores = induction_probe(*pm, probe_length, seed)
-            table["induction"] = scores[sorted(layers)][:, heads]
-        click.echo(f"census of {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
-        for line in format_census(table, sorted(layers), heads):
-            click.echo(line)
-    finally:
-        if dump_file is not None:
-            dump_file.__exit__(None, None, None)
-
-
-def _dump_model_path(from_path):
-    from .inspect.dump import load_attention
-    return load_attention(from_path)["meta"].get("model_path")
-
-
-def _print_probe(model, tokenizer, probe_length, seed, attn_layers, attn_heads):
-    from .inspect import dump as D
+    from contextlib import ExitStack
+    from .files import OutputFile
+    from .inspect import commands as C
+    from .inspect import report as R
+    from .inspect.dump import DumpFile
     from .inspect.internals import induction_probe
-    from .inspect.report import KINDS
-    from .inspect.stats import strongest
-    c = model.config
-    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
-    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
-    ids, n, scores = induction_probe(model, tokenizer, probe_length, seed)
-    scores = scores[layers][:, heads]
-    click.echo(f"induction probe: {n} random tokens repeated once ({len(ids)} tokens)")
-    click.echo("layer " + " ".join(f"{'h' + str(h):>6}" for h in heads))
-    for a, l in enumerate(layers):
-        click.echo(f"{l:5d} " + " ".join(f"{s:6.3f}" for s in scores[a]))
-    best = strongest(scores, layers, heads, 5)
-    click.echo("strongest induction heads: " + "  ".join(f"{l}.{h} {v:.3f}" for l, h, v in best))
 
-
-def _write_html(path, layers, heads, tokens, prompt_length, subtitle, layer, head):
-    from pathlib import Path
-    from .inspect.html import render_html
-    page = render_html(layers, heads, tokens, prompt_length=prompt_length, subtitle=subtitle,
-                       select=(layer if layer is not None else min(layers), head if head is not None else heads[0]))
-    from .files import atomic_write
-    out = Path(path)
-    with atomic_write(out, "HTML page") as tmp:
-        tmp.write_text(page, encoding="utf-8")
-    click.echo(f"wrote {out} ({len(page) / 2**20:.1f} MiB): open it in a browser", err=True)
+    uses_model = value_weighted or probe is not None
+    _usage(
+        token=(token_spec is not None and key_spec is None and (layer is None or head is None),
+               "--token needs --layer and --head (one head's top keys) or --key (every layer x head)"),
+        key=(key_spec is not None and (token_spec is None or layer is not None or head is not None),
+             "--key goes with --token, without --layer/--head"),
+        both=(prompt is not None and from_path is not None, "give either a PROMPT or --from DUMP.npz, not both"),
+        chat=(from_path is not None and chat, "--chat renders a PROMPT; a dump's tokens are already fixed"),
+        dump=(from_path is not None and dump_path is not None,
+              "--dump-attention writes a new dump from a PROMPT; with --from the dump exists"),
+        dtype=(attn_dtype is not None and dump_path is None, "--attn-dtype goes with --dump-attention"),
+        model=(from_path is not None and model_path is not None and not uses_model,
+               "--model with --from is used only by --value-weighted and --probe (the dump holds the weights)"),
+        probe=((probe_length is not None or probe_first is not None) and probe is None,
+               "--probe-length and --probe-first go with --probe induction"),
+        census=(probe is not None and token_spec is not None, "--probe adds columns to the census, not to --token's views"),
+    )
+    if prompt is None and from_path is None:
+        if probe is None:
+            raise click.UsageError("give a PROMPT (or - to read stdin), or --from DUMP.npz, or --probe induction")
+        model, tok, _ = load_model(model_path)
+        _emit(C.probe(model, tok, probe_length, seed, probe_first, attn_layers, attn_heads), as_json, R.format_attention)
+        return
+    with ExitStack() as files:  # both paths are checked before any work; nothing is left if it fails
+        dump = files.enter_context(DumpFile(dump_path)) if dump_path else None
+        page = files.enter_context(OutputFile(html_path, "HTML page")) if html_path else None
+        if from_path is not None:
+            src = C.from_dump(from_path, attn_layers, attn_heads)
+            if uses_model:
+                model, tok, _ = load_model(model_path or C.dump_model_path(from_path))
+                src = C.with_model(src, model, tok)
+        else:
+            model, tok, ids = _model_and_ids(model_path, prompt, chat)
+            src = C.from_prompt(model, tok, ids, attn_layers, attn_heads)
+        if layer is not None or head is not None:  # a bad --layer/--head fails before any file is written
+            C.pattern(src, layer if layer is not None else min(src.layers), head if head is not None else src.heads[0])
+        written = {}
+        if dump is not None:
+            written["dump"] = C.write_dump(src, dump, attn_dtype)
+            click.echo(f"wrote {dump_path}: {written['dump']['layers']} layers x {written['dump']['heads']} heads x "
+                       f"{len(src.tokens)} tokens (lower triangles)", err=True)
+        if page is not None:
+            written["html"] = C.write_html(src, page, layer, head)
+            click.echo(f"wrote {html_path} ({written['html']['bytes'] / 2**20:.1f} MiB): open it in a browser", err=True)
+    if written and token_spec is None and probe is None and not (value_weighted or exclude_first):
+        if as_json:  # asked for files only; a view flag (or no file flag) prints the census
+            click.echo(C.as_json({"command": "attention", "view": "files", "files": written}))
+        return
+    probed = induction_probe(src.model, src.tokenizer, probe_length, seed, probe_first) if probe else None
+    result = C.attention_view(src, layer, head, token_spec, key_spec, top_k, value_weighted, exclude_first, probed)
+    _emit({**result, "files": written} if written else result, as_json, R.format_attention)
 
 
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("--model", "model_path", metavar="PATH", help="Checkpoint directory (default: the default model).")
-@click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")
+@_shared
+@click.option("--heads", metavar="L.H,...", help="Heads to ablate: 18.6,17.4 (18.* for a whole layer).")
+@click.option("--attn", "attn_layers", metavar="LAYERS", help="Attention blocks to ablate: 3,5-7.")
+@click.option("--mlp", "mlp_layers", metavar="LAYERS", help="MLP blocks to ablate: 3,5-7.")
+@click.option("--sweep", type=click.Choice(["heads", "attn", "mlp"]),
+              help="Ablate each head (or each layer's attention or MLP) alone in turn and rank them.")
+@click.option("--mode", type=click.Choice(["zero", "mean"]), default="zero", show_default=True,
+              help="Replace the output by zeros, or by its mean over the prompt's positions.")
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Position whose next token is measured (default: the last).")
+@click.option("--target", metavar="TOKEN", help="Token whose log-probability is followed (text or #ID; default: the top one).")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="Top tokens shown.")
+@click.option("--rank", type=click.Choice(["kl", "logp"]), default="kl", show_default=True,
+              help="Sweep order: KL(before || after), or the drop in log p(target).")
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Sweep rows shown.")
+def ablate(prompt, model_path, chat, as_json, heads, attn_layers, mlp_layers, sweep, mode, token_spec, target,
+           top_k, rank, top):
+    """What happens to the next token when heads or blocks are taken out (zeroed or mean-ablated).
+
+    \b
+      minigen ablate "When Mary and John went to the store, John gave a drink to" --heads 18.6,17.4
+      minigen ablate "..." --sweep heads --mode mean
+      minigen ablate "..." --mlp 0 --attn 29
+    """
+    from .inspect import commands as C
+    from .inspect import report as R
+    _usage(sweep=(sweep is not None and any((heads, attn_layers, mlp_layers)),
+                  "--sweep ablates each part in turn; leave out --heads, --attn and --mlp"),
+           rank=(sweep is None and rank != "kl", "--rank orders a --sweep"))
+    model, tok, ids = _model_and_ids(model_path, prompt, chat)
+    if sweep is not None:
+        _emit(C.sweep(model, tok, ids, sweep, mode, token_spec, target, rank), as_json, lambda r: R.format_sweep(r, top))
+        return
+    parts = C.components(model, heads, attn_layers, mlp_layers)
+    _emit(C.ablate(model, tok, ids, parts, mode, token_spec, target, top_k), as_json, R.format_ablation)
+
+
+@main.command()
+@click.argument("clean", required=False)
+@click.argument("corrupted", required=False)
+@_shared
+@click.option("--answer", metavar="TOKEN", help="The clean prompt's answer (text or #ID; default: its top token).")
+@click.option("--wrong", metavar="TOKEN", help="The answer it is told apart from (default: the corrupted prompt's top token).")
+@click.option("--what", type=click.Choice(["heads", "resid", "attn", "mlp"]), default="heads", show_default=True,
+              help="Patch each head's output; or the residual stream, attention or MLP output at each layer x position.")
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Position whose logit difference is measured (default: the last).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Heads listed after the grid.")
+def patch(clean, corrupted, model_path, chat, as_json, answer, wrong, what, token_spec, top):
+    """Activation patching: how much of CLEAN's logit difference each part restores in CORRUPTED.
+
+    \b
+      minigen patch "When Mary and John went to the store, John gave a drink to" \\
+                    "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
+      minigen patch CLEAN CORRUPTED --what resid
+    """
+    from .inspect import commands as C
+    from .inspect import report as R
+    if clean is None or corrupted is None:
+        raise click.UsageError("give two prompts of the same length in tokens: CLEAN CORRUPTED")
+    model, tok, clean_ids = _model_and_ids(model_path, clean, chat)
+    corrupt_ids = _prompt_ids(tok, corrupted, chat)
+    _emit(C.patch(model, tok, clean_ids, corrupt_ids, answer, wrong, what, token_spec), as_json,
+          lambda r: R.format_patch(r, top))
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@_shared
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Position to read (default: the last).")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="Top tokens per layer.")
+@click.option("--target", metavar="TOKEN", help="Token whose rank and probability are followed (default: the final top one).")
+def lens(prompt, model_path, chat, as_json, token_spec, top_k, target):
+    """Logit lens: what the residual stream after each layer predicts, read out as the last layer's is.
+
+    \b
+      minigen lens "The capital of France is" --target " Paris"
+    """
+    from .inspect import commands as C
+    from .inspect import report as R
+    model, tok, ids = _model_and_ids(model_path, prompt, chat)
+    _emit(C.logit_lens(model, tok, ids, token_spec, top_k, target), as_json, R.format_lens)
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@_shared
+@click.option("--token", "token_spec", metavar="I|TEXT", help="Position to attribute (default: the last).")
+@click.option("--target", metavar="TOKEN", help="Token whose logit is attributed (text or #ID; default: the top one).")
+@click.option("--vs", metavar="TOKEN", help="Attribute logit(target) - logit(vs) instead.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Heads listed after the table.")
+def dla(prompt, model_path, chat, as_json, token_spec, target, vs, top):
+    """Direct logit attribution: each head's, attention block's and MLP's direct part of a token's logit.
+
+    \b
+      minigen dla "When Mary and John went to the store, John gave a drink to" --target " Mary" --vs " John"
+    """
+    from .inspect import commands as C
+    from .inspect import report as R
+    model, tok, ids = _model_and_ids(model_path, prompt, chat)
+    _emit(C.dla(model, tok, ids, token_spec, target, vs), as_json, lambda r: R.format_dla(r, top))
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@_shared
 @click.option("--layer", type=int, help="Layer to trace.")
 @click.option("--head", type=int, help="Query head to trace.")
 @click.option("--token", "token_spec", metavar="I|TEXT", help="Query token (default: the last).")
 @click.option("--keys", type=click.IntRange(min=1), default=12, show_default=True,
               help="Keys to print (the largest weights) when the token sees more.")
-@click.option("--seeds", is_flag=True, help="Trace the seeds' birds/eat/seeds example instead (no model).")
-def trace(prompt, model_path, chat, layer, head, token_spec, keys, seeds):
+@click.option("--seeds", is_flag=True, help="Trace the birds/eat/seeds worked example instead (no model).")
+def trace(prompt, model_path, chat, as_json, layer, head, token_spec, keys, seeds):
     """One head's attention for one token, step by step: x, q, keys, scores, softmax, output.
 
     \b
       minigen trace "The cat sat on the mat" --model PATH --layer 2 --head 1 --token -1
       minigen trace --seeds
     """
-    from .inspect.internals import check_layer_head, resolve_token, trace_lines
+    from .inspect import commands as C
+    from .inspect.trace import seeds_lines
     if seeds:
-        for line in _seeds_lines():
-            click.echo(line)
+        lines = seeds_lines()
+        click.echo(C.as_json({"command": "trace", "seeds": True, "lines": lines}) if as_json else "\n".join(lines))
         return
-    if prompt is None:
-        raise MinigenError("give a PROMPT to trace (or --seeds for the worked example)")
     if layer is None or head is None:
-        raise MinigenError("trace needs --layer and --head")
-    model, tok = _inspect_model(model_path)
-    check_layer_head(model.config, layer, head)
-    ids = _prompt_ids(tok, prompt, chat)
-    i = resolve_token(tok.token_strings(ids), token_spec)
-    lines, ok = trace_lines(model, tok, ids, layer, head, i, limit=keys)
-    for line in lines:
-        click.echo(line)
-    if not ok:
+        raise click.UsageError("trace needs --layer and --head")
+    model, tok, ids = _model_and_ids(model_path, prompt, chat)
+    result = C.trace(model, tok, ids, layer, head, token_spec, keys)
+    _emit(result, as_json, lambda r: r["lines"])
+    if not result["matches_model"]:
         raise MinigenError("the trace does not match the model's own head output")
-
-
-def _seeds_lines():
-    import numpy as np
-    from .inspect.trace import attention_steps, format_steps, format_tables
-    X = np.array([[1, 0, 2, 0], [0, 2, 0, 1], [1, 1, 0, 1]])
-    W_Q = np.array([[1, 2], [1, 0], [0, 1], [0, 1]])
-    W_K = np.array([[1, 0], [0, 1], [1, 0], [1, 0]])
-    W_V = np.array([[0, 2], [2, 0], [0, 1], [0, 2]])
-    steps = attention_steps(X, W_Q, W_K, W_V)
-    labels = ["birds", "eat", "seeds"]
-    return format_steps(steps, labels, 0, header="the seeds' example: X, W_Q, W_K, W_V from ../shared/seeds/") + \
-        [""] + format_tables(steps, labels)

@@ -5,7 +5,8 @@ the test suite.
 
     python scripts/screenshot_html.py attn.html attn.png [--select 3,2] [--hide] [--size 1600,1000]
 
---select L,H opens the page with layer L, head H zoomed (the page reads #layer=L&head=H from the URL).
+--select L,H opens the page with layer L, head H zoomed (the page reads #layer=L&head=H from the URL);
+--view adds more of the hash (vw=1: value-weighted, sqrt=1: sqrt colour scale, row=I: a pinned row).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> int:
     ap.add_argument("--select", help="L,H: the layer and head to zoom")
     ap.add_argument("--hide", action="store_true", help="start with the first token hidden")
     ap.add_argument("--size", default="1600,1000", help="window width,height in pixels")
+    ap.add_argument("--view", default="", help="more of the page's URL hash, e.g. vw=1&sqrt=1&row=5")
     ap.add_argument("--browser", default=None, help="chromium binary (default: chromium on PATH)")
     a = ap.parse_args()
     browser = a.browser or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -43,6 +45,8 @@ def main() -> int:
         frag += [f"layer={int(layer)}", f"head={int(head)}"]
     if a.hide:
         frag.append("hide=1")
+    if a.view:
+        frag.append(a.view)
     url = a.html.resolve().as_uri() + ("#" + "&".join(frag) if frag else "")
     with tempfile.TemporaryDirectory(prefix="minigen-chromium-") as profile:
         cmd = [browser, *FLAGS, f"--user-data-dir={profile}", f"--window-size={a.size}",

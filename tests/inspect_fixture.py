@@ -20,7 +20,9 @@ D = 2 * V + P
 HD = D // H
 
 
-def make_induction_gpt2(path: Path, a: float = 5.0, b: float = 8.0) -> Path:
+def make_induction_gpt2(path: Path, a: float = 5.0, b: float = 8.0, copy: float = 0.0) -> Path:
+    """`copy` > 0: the induction head's output projection also writes the token it attends to into the
+    token block, scaled by `copy`, so that the model predicts it (a model whose answer one head carries)."""
     path.mkdir(parents=True, exist_ok=True)
     tok, pos, prev = 0, V, V + P                                 # offsets of the three one-hot blocks
     embed = np.zeros((V, D), np.float32)
@@ -41,6 +43,7 @@ def make_induction_gpt2(path: Path, a: float = 5.0, b: float = 8.0) -> Path:
             qkv[tok + np.arange(V), np.arange(V)] = b
             qkv[prev + np.arange(V), D + np.arange(V)] = 1
             qkv[tok + np.arange(V), 2 * D + np.arange(V)] = 1
+            proj[np.arange(V), tok + np.arange(V)] = copy
         t.update({f"h.{layer}.ln_1.weight": np.ones(D, np.float32), f"h.{layer}.ln_1.bias": np.zeros(D, np.float32),
                   f"h.{layer}.attn.c_attn.weight": qkv, f"h.{layer}.attn.c_attn.bias": np.zeros(3 * D, np.float32),
                   f"h.{layer}.attn.c_proj.weight": proj, f"h.{layer}.attn.c_proj.bias": np.zeros(D, np.float32),
@@ -57,3 +60,34 @@ def make_induction_gpt2(path: Path, a: float = 5.0, b: float = 8.0) -> Path:
     tk.add_special_tokens(["<unk>"])
     tk.save(str(path / "tokenizer.json"))
     return path
+
+
+# --- a random model of any family, built in memory (no checkpoint, no reference) ---------------------
+
+FAMILY_EXTRAS = {  # what a family's config.json needs beyond the common sizes
+    "gpt2": {}, "llama": {}, "mistral": {"sliding_window": 5}, "qwen2": {}, "qwen3": {},
+    "gemma": {}, "gemma2": {"sliding_window": 5}, "gemma3_text": {"sliding_window": 5, "sliding_window_pattern": 2},
+    "phi3": {}, "olmo2": {}, "gpt_neox": {"rotary_pct": 0.5}, "smollm3": {"no_rope_layer_interval": 2},
+}
+
+
+def random_model(model_type: str, seed: int = 0, n_layers: int = 3):
+    """A Model of `model_type` with random float32 weights in minigen's canonical layout (weights.expected_shapes):
+    for invariants that hold whatever the weights (lens, DLA, ablation, patching) on families without fixtures."""
+    from minigen.config import parse_config
+    from minigen.model import Model
+    from minigen.weights import expected_shapes
+    raw = {"model_type": model_type, "vocab_size": 40, "hidden_size": 24, "num_hidden_layers": n_layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "intermediate_size": 32,
+           "max_position_embeddings": 64, **FAMILY_EXTRAS[model_type]}
+    cfg = parse_config(raw)
+    glob, layer = expected_shapes(cfg)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name, shape):
+        if "norm" in name and not name.endswith("_b"):
+            return (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        return (0.4 * rng.standard_normal(shape)).astype(np.float32)
+    params = {k: tensor(k, s) for k, s in glob.items()}
+    params["layers"] = [{k: tensor(k, s) for k, s in layer.items()} for _ in range(cfg.n_layers)]
+    return Model(cfg, params)

@@ -130,8 +130,9 @@ def test_generation_dump_selection_dtype_verify(tmp_path):
                            "--attn-dtype", "float16", "--attn-verify")
     assert "verify" in r.output and "match" in r.output
     with np.load(out) as z:
-        assert sorted(k for k in z.files if k.startswith("attention_")) == ["attention_0", "attention_2"]
-        assert z["attention_0"].dtype == np.float16 and z["attention_0"].shape[0] == 4
+        assert sorted(k for k in z.files if k.startswith("attention_")) == ["attention_tril_0", "attention_tril_2"]
+        T = len(z["token_ids"])
+        assert z["attention_tril_0"].dtype == np.float16 and z["attention_tril_0"].shape == (4, T * (T + 1) // 2)
     assert load_attention(out)["heads"] == [1, 2, 3, 8]
     assert [p.name for p in tmp_path.iterdir()] == ["gen.npz"]      # no temporary left
 
@@ -153,7 +154,8 @@ def induction_model(tmp_path_factory):
 
 
 def test_induction_probe_finds_the_induction_head(induction_model):
-    ids, n, scores = induction_probe(*minigen.load(induction_model))
+    p = induction_probe(*minigen.load(induction_model))
+    ids, n, scores = p["ids"], p["n"], p["scores"]["induction"]
     assert np.array_equal(ids[:n], ids[n:])
     assert np.unravel_index(scores.argmax(), scores.shape) == (1, 0)
     assert scores[1, 0] > 0.85 and scores[0].max() < 0.2 and scores[1, 1] < 0.2
@@ -254,3 +256,179 @@ def test_ctrl_c_leaves_no_dump(tmp_path, monkeypatch):
     r = cli("generate", "hello", "--model", FIXTURES_DIR / "gpt2", "-n", 10, "--dump-attention", out)
     assert r.exit_code == 130 and "no attention dump written" in r.output
     assert not list(tmp_path.iterdir())
+
+
+# --- issue 11: fixes, sink-aware views, detectors, JSON ---------------------------------------------------
+
+from minigen.inspect.internals import resolve_token
+from minigen.inspect.stats import (detect_head_score, duplicate_score, hide_first, induction_mask,
+                                   probe_scores)
+
+
+def test_prev_score_skips_query_1_whose_previous_token_is_the_sink():
+    T = 10
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1
+    assert head_stats(sink)["prev"] == 0                  # was 1/(T-1): query 1's previous token is token 0
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1
+    assert head_stats(prev)["prev"] == pytest.approx(1)
+
+
+def test_exclude_first_hides_the_sink_and_renormalises():
+    T = 8
+    a = np.zeros((T, T))
+    a[0, 0] = 1
+    a[1:, 0] = 0.9
+    a[1, 1] = 0.1
+    a[np.arange(2, T), np.arange(1, T - 1)] = 0.1      # the rest of each row on the previous token
+    a[5] = 0
+    a[5, 0] = 1                                           # one row with nothing but the sink
+    plain, hidden = head_stats(a), head_stats(a, exclude_first=True)
+    assert plain["prev"] == pytest.approx((0.1 * 5) / 6)  # queries 2..7; row 5 has none
+    assert hidden["prev"] == pytest.approx(1)            # rows 2..7 but 5 (nothing left) are pure previous-token
+    assert hidden["entropy"] == pytest.approx(0) and hidden["max"] == pytest.approx(1)
+    assert hidden["sink"] == plain["sink"] == pytest.approx((0.9 * 6 + 1) / 7)   # what hiding removed
+    np.testing.assert_allclose(hide_first(a)[3], np.eye(T)[2])
+
+
+def test_duplicate_and_transformerlens_induction_scores_by_hand():
+    ids = np.array([99, 1, 2, 3, 1, 2, 3])                # BOS + r + r, n = 3
+    induction = np.zeros((7, 7))
+    induction[:4, 0] = 1                                  # before the repeat: on BOS
+    induction[[4, 5, 6], [2, 3, 4]] = 1                   # the token after the earlier copy
+    duplicate = np.zeros((7, 7))
+    duplicate[:4, 0] = 1
+    duplicate[[4, 5, 6], [1, 2, 3]] = 1                   # the earlier copy itself
+    assert detect_head_score(induction, induction_mask(ids)) == pytest.approx(3 / 7)   # n / (2n + 1)
+    assert detect_head_score(duplicate, induction_mask(ids)) == 0
+    assert duplicate_score(duplicate, ids) == 1 and duplicate_score(induction, ids) == 0
+    s = probe_scores(np.stack([induction, duplicate]), ids, 3)
+    np.testing.assert_allclose(s["induction"], [1, 0])
+    np.testing.assert_allclose(s["duplicate"], [0, 1])
+    np.testing.assert_allclose(s["induction_tl"], [3 / 7, 0])
+    assert detect_head_score(induction, induction_mask(ids), exclude_bos=True) == pytest.approx(1)
+
+
+def test_token_text_names_its_last_occurrence():
+    tokens = ["Mr", " D", "urs", " said", " Mr", " Potter", ",", " and", " Mr"]
+    assert resolve_token(tokens, "Mr") == 8 and resolve_token(tokens, " Mr") == 8
+    assert resolve_token(tokens, "Potter") == 5 and resolve_token(tokens, -1) == 8
+
+
+def test_top_keys_says_all_keys_when_k_covers_them():
+    r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--layer", 0, "--head", 0, "--token", 2, "-k", 10)
+    assert r.exit_code == 0 and "(all 3 keys)" in r.output and "of 3 keys" not in r.output, r.output
+
+
+def test_old_full_square_dumps_still_load(tmp_path):
+    out, _ = generate_dump(tmp_path, "gpt2", max_tokens=4)
+    new = load_attention(out)
+    old = tmp_path / "v1.npz"
+    with np.load(out) as z:
+        arrays = {k: z[k] for k in ("token_ids", "prompt_length", "meta")}
+    np.savez(old, **arrays, **{f"attention_{l}": a for l, a in new["layers"].items()})
+    back = load_attention(old)
+    assert back["layers"].keys() == new["layers"].keys()
+    for l in new["layers"]:
+        np.testing.assert_array_equal(back["layers"][l], new["layers"][l])
+    T = len(new["token_ids"])
+    assert weight_bytes(out) * 2 * T == weight_bytes(old) * (T + 1)   # the triangle: T(T+1)/2 of T^2
+
+
+def weight_bytes(path) -> int:
+    with np.load(path) as z:
+        return sum(z[k].nbytes for k in z.files if k.startswith("attention_"))
+
+
+def test_dump_of_no_generated_token_is_refused(tmp_path):
+    out = tmp_path / "x.npz"
+    r = cli("generate", "hello", "--model", FIXTURES_DIR / "gpt2", "-n", 0, "--dump-attention", out, "--attn-verify")
+    assert r.exit_code == 2 and "--dump-attention needs at least one generated token" in r.output
+    assert "Traceback" not in r.output and not out.exists()
+
+
+def test_from_dump_keeps_only_the_asked_heads(tmp_path):
+    out, _ = generate_dump(tmp_path, "llama_gqa3", "--attn-heads", "1-3", max_tokens=4)
+    r = cli("attention", "--from", out, "--attn-heads", "2-3", "--json")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert j["heads"] == [2, 3] and np.array(j["stats"]["sink"]).shape == (3, 2)
+    d = load_attention(out)
+    expected = census({l: a[1:] for l, a in d["layers"].items()})["sink"]
+    np.testing.assert_allclose(j["stats"]["sink"], expected)
+    assert_clean_failure(cli("attention", "--from", out, "--attn-heads", "0"), "--attn-heads", "head 0 is not in")
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--chat"], ["--chat"]), (["--attn-dtype", "float16"], ["--attn-dtype"]),
+    (["--model", FIXTURES_DIR / "gpt2"], ["--model", "--value-weighted"]),
+    (["--probe-first", "none"], ["--probe-first"]),
+])
+def test_from_dump_refuses_flags_it_would_ignore(tmp_path, flags, words):
+    out, _ = generate_dump(tmp_path, "gpt2", max_tokens=3)
+    r = cli("attention", "--from", out, *flags)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    for w in words:
+        assert w in r.output, r.output
+
+
+def test_one_query_across_the_model():
+    ref = load_reference("llama_gqa3")
+    prompt = minigen.load(FIXTURES_DIR / "llama_gqa3")[1].decode(ref["input_ids"][1:])
+    r = cli("attention", prompt, "--model", FIXTURES_DIR / "llama_gqa3", "--token", -1, "--key", 3, "--json")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert j["view"] == "query_grid" and j["key"]["index"] == 3
+    model, tok = minigen.load(FIXTURES_DIR / "llama_gqa3")
+    ids = tok.encode(prompt)
+    rec = np.stack(prompt_attention(model, ids))                  # (L, H, T, T)
+    np.testing.assert_allclose(j["weights"], rec[:, :, len(ids) - 1, 3], atol=1e-6)
+    text = cli("attention", prompt, "--model", FIXTURES_DIR / "llama_gqa3", "--token", -1, "--key", 3)
+    assert text.exit_code == 0 and len([l for l in text.output.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"])]) == 3
+
+
+def test_value_weighted_census_json_and_page(tmp_path):
+    model_dir = FIXTURES_DIR / "qwen2"
+    j = json.loads(cli("attention", PROMPT, "--model", model_dir, "--value-weighted", "--json").output)
+    plain = json.loads(cli("attention", PROMPT, "--model", model_dir, "--json").output)
+    assert j["value_weighted"] and not plain["value_weighted"]
+    np.testing.assert_allclose(j["stats"]["sink_raw"], plain["stats"]["sink"])
+    assert not np.allclose(j["stats"]["sink"], plain["stats"]["sink"])
+    page = tmp_path / "p.html"
+    r = cli("attention", PROMPT, "--model", model_dir, "--html", page)
+    assert r.exit_code == 0, r.output
+    text = page.read_text()
+    data = json.loads(text.split('<script type="application/json" id="data">')[1].split("</script>")[0])
+    assert len(data["value_norms"]) == minigen.load(model_dir)[0].config.n_layers
+    assert "__DATA__" not in text and "history.replaceState" in text and "value-weighted" in text
+
+
+def test_exclude_first_json():
+    j = json.loads(cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--exclude-first", "--json").output)
+    model, tok = minigen.load(FIXTURES_DIR / "gpt2")
+    ids = tok.encode(PROMPT)
+    expected = census(dict(enumerate(prompt_attention(model, ids))), ids, exclude_first=True)
+    assert j["exclude_first"]
+    for k in ("entropy", "prev", "max", "sink"):
+        np.testing.assert_allclose(j["stats"][k], expected[k])
+
+
+def test_probe_json_and_first_token(induction_model):
+    j = json.loads(cli("attention", "--probe", "induction", "--model", induction_model, "--probe-first", "none",
+                       "--probe-length", 6, "--json").output)
+    assert j["view"] == "probe" and j["prefix"] == [] and len(j["token_ids"]) == 12
+    assert set(j["scores"]) == {"induction", "induction_tl", "duplicate"} and set(j["descriptions"]) == set(j["scores"])
+    j = json.loads(cli("attention", "--probe", "induction", "--model", induction_model, "--probe-first", "j",
+                       "--probe-length", 6, "--json").output)
+    assert j["prefix"][0]["text"] == "j" and j["token_ids"][0] == j["prefix"][0]["id"]
+    assert np.array(j["scores"]["induction"])[1, 0] > 0.85
+
+
+def test_trace_seeds_cites_the_article_and_trace_json():
+    r = cli("trace", "--seeds")
+    assert "The math behind attention: Q, K and V" in r.output and "../shared" not in r.output
+    r = cli("trace", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--layer", 1, "--head", 2, "--json")
+    j = json.loads(r.output)
+    assert j["matches_model"] and len(j["weights"]) == j["query"]["index"] + 1
+    assert sum(j["weights"]) == pytest.approx(1, abs=1e-6)

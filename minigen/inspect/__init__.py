@@ -1,16 +1,26 @@
-"""Looking inside attention: dumps, per-head statistics, the step-by-step trace, an HTML picture.
+"""Looking inside a model: where attention looks (dumps, census, traces, the HTML page) and what it does
+(ablation, activation patching, the logit lens, direct logit attribution).
 
     dump.py       the .npz format: selection, size budget, assembly from per-step records, load_attention
-    stats.py      census statistics and the induction score, on plain arrays
-    trace.py      one head's arithmetic step by step (the seeds' walk-through), pure
-    internals.py  running a loaded model part way with model.py's own functions
-    report.py     terminal text: census table, top-k bars
-    html.py       the self-contained page
+    stats.py      census statistics, detectors (induction, duplicate-token), sink-aware views, on plain arrays
+    trace.py      one head's arithmetic step by step (the articles' walk-through), pure
+    internals.py  running a loaded model part way with model.py's own functions; value norms; the probe
+    hooks.py      model.Hooks that keep or change head and block outputs; resuming a forward at a layer
+    effects.py    ablation and activation patching
+    lens.py       the logit lens and direct logit attribution
+    commands.py   what each inspection command computes, as plain data (the CLI prints it or dumps JSON)
+    report.py     terminal text for those results
+    html.py       the self-contained page (page.html is its markup, style and script)
+
+    logit_lens(model, ids)                          -> float32 (n_layers + 1, T, V)
+    ablated_logits(model, ids, heads, mode="zero")  -> float32 (T, V); heads: [(layer, head), ...]
 """
 from .dump import Recorder, load_attention
+from .effects import ablated_logits
 from .html import render_html
+from .lens import direct_attribution, logit_lens
 from .stats import census, head_stats, induction_score
 from .trace import Steps, attention_steps, format_steps
 
-__all__ = ["load_attention", "Recorder", "render_html", "census", "head_stats", "induction_score",
-           "attention_steps", "format_steps", "Steps"]
+__all__ = ["logit_lens", "ablated_logits", "direct_attribution", "load_attention", "Recorder", "render_html",
+           "census", "head_stats", "induction_score", "attention_steps", "format_steps", "Steps"]

@@ -1,10 +1,18 @@
 """Attention dumps: one .npz per run, readable with numpy.load alone.
 
-`attention_{l}` float32 (or float16) (n_heads_kept, T, T) per kept layer: rows are queries, columns keys,
-the masked upper triangle exactly 0. The prompt's rows come from the prefill, each generated token's row
-from its cached decode step; the last generated token is never fed back, so it has no row. Plus
-`token_ids` (T,), `prompt_length`, and `meta` (a JSON string). The file is written to a temporary name
-beside the target and renamed, so an interrupted run leaves nothing behind.
+`attention_tril_{l}` float32 (or float16) (n_heads_kept, T(T+1)/2) per kept layer: each head's lower
+triangle, rows (queries) one after another, row i holding keys 0..i, in `np.tril_indices(T)` order; the
+upper triangle is the causal mask's exact zeros and is not stored (half the size of the square):
+
+    z = np.load("attn.npz"); T = len(z["token_ids"]); i, j = np.tril_indices(T)
+    a = np.zeros((n_heads, T, T), np.float32); a[:, i, j] = z["attention_tril_5"]   # layer 5, (H, T, T)
+
+(Deflating the triangle saved ~6 % on a real 400-token dump and took ~4 s, so it is stored plain.)
+The prompt's rows come from the prefill, each generated token's row from its cached decode step; the last
+generated token is never fed back, so it has no row. Plus `token_ids` (T,), `prompt_length`, and `meta`
+(a JSON string). Dumps of the first format (v1) held the full squares as `attention_{l}` (H, T, T);
+`load_attention` reads both. The file is written through files.OutputFile, so an interrupted run leaves
+nothing behind.
 """
 from __future__ import annotations
 
@@ -17,11 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MinigenError
-from ..files import OutputFile, check_target
+from ..files import OutputFile
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
-NOTE = ("rows are queries, columns keys; prompt rows from the prefill, each generated token's row from its "
-        "cached decode step; the final generated token is never fed back, so it has no row")
+NOTE = ("rows are queries, columns keys; attention_tril_{l} holds each head's lower triangle in np.tril_indices(T) "
+        "order (the rest is the causal mask's zeros); prompt rows from the prefill, each generated token's row from "
+        "its cached decode step; the final generated token is never fed back, so it has no row")
+FORMAT = "minigen attention dump v2"
 
 
 def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]:
@@ -46,6 +56,17 @@ def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]
     return sorted(out)
 
 
+def ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'-style text for messages."""
+    out, start = [], None
+    for a, b in zip(xs, xs[1:] + [None]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = None
+    return ",".join(out)
+
+
 def parse_dtype(text: str | None) -> np.dtype:
     if text in (None, "float32", "f32"):
         return np.dtype(np.float32)
@@ -55,7 +76,7 @@ def parse_dtype(text: str | None) -> np.dtype:
 
 
 def expected_bytes(n_layers: int, n_heads: int, T: int, dtype) -> int:
-    return n_layers * n_heads * T * T * np.dtype(dtype).itemsize
+    return n_layers * n_heads * (T * (T + 1) // 2) * np.dtype(dtype).itemsize
 
 
 def check_budget(n_layers: int, n_heads: int, T: int, dtype, budget: int | None = None):
@@ -112,7 +133,7 @@ def make_meta(model, token_strings: list[str], layers: list[int], heads: list[in
               final_token: tuple[int, str] | None = None, source: str = "generate") -> dict:
     c = model.config
     return {
-        "format": "minigen attention dump v1",
+        "format": FORMAT,
         "source": source,
         "note": NOTE,
         "model_path": str(model.path),
@@ -133,7 +154,9 @@ class DumpFile(OutputFile):
         super().__init__(path, "attention dump")
 
     def write(self, matrices: dict[int, np.ndarray], token_ids, prompt_length: int, meta: dict):
-        arrays = {f"attention_{l}": m for l, m in matrices.items()}
+        T = len(token_ids)
+        i, j = np.tril_indices(T)
+        arrays = {f"attention_tril_{l}": m[:, i, j] for l, m in matrices.items()}
         arrays["token_ids"] = np.asarray(token_ids, dtype=np.int64)
         arrays["prompt_length"] = np.asarray(prompt_length, dtype=np.int64)
         arrays["meta"] = np.asarray(json.dumps(meta, ensure_ascii=False))
@@ -146,19 +169,41 @@ class DumpFile(OutputFile):
 
 
 def load_attention(path: str | os.PathLike) -> dict:
-    """A dump as {"layers": {l: (n_heads_kept, T, T) float32}, "token_ids", "prompt_length", "meta", "heads"}."""
+    """A dump (either format) as {"layers": {l: (n_heads_kept, T, T) float32}, "token_ids", "prompt_length",
+    "meta", "heads"}."""
     path = Path(path)
     if not path.is_file():
         raise MinigenError(f"{path}: no such attention dump")
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            layers = {int(k.split("_", 1)[1]): z[k].astype(np.float32) for k in z.files if k.startswith("attention_")}
             token_ids, prompt_length = z["token_ids"], int(z["prompt_length"])
+            layers = {l: _square(z[k], k, len(token_ids)) for k in z.files if (l := _layer_of(k)) is not None}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
         raise MinigenError(f"{path}: not a minigen attention dump ({type(e).__name__}: {e})")
+    if not layers or len(token_ids) == 0:
+        raise MinigenError(f"{path}: the dump holds no attention (no layers, or no tokens)")
     return {"layers": dict(sorted(layers.items())), "token_ids": token_ids, "prompt_length": prompt_length,
             "meta": meta, "heads": meta.get("heads", list(range(next(iter(layers.values())).shape[0])))}
+
+
+def _layer_of(key: str) -> int | None:
+    m = re.fullmatch(r"attention_(?:tril_)?(\d+)", key)
+    return int(m[1]) if m else None
+
+
+def _square(a: np.ndarray, key: str, T: int) -> np.ndarray:
+    """(H, T, T) float32 from a stored square (v1) or lower triangle (v2)."""
+    if not key.startswith("attention_tril_"):
+        if a.shape[-2:] != (T, T):
+            raise ValueError(f"{key} has shape {a.shape}, not (heads, {T}, {T})")
+        return a.astype(np.float32)
+    if a.ndim != 2 or a.shape[1] != T * (T + 1) // 2:
+        raise ValueError(f"{key} has shape {a.shape}, not (heads, {T * (T + 1) // 2}) for {T} tokens")
+    i, j = np.tril_indices(T)
+    out = np.zeros((a.shape[0], T, T), np.float32)
+    out[:, i, j] = a
+    return out
 
 
 class GenerationDump:
@@ -173,6 +218,9 @@ class GenerationDump:
     def __init__(self, model, tokenizer, path, prompt_ids, max_tokens: int, layers: str | None = None,
                  heads: str | None = None, dtype: str | None = None, budget: int | None = None):
         c = model.config
+        if max_tokens < 1:
+            raise MinigenError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
+                               "for the prompt's attention alone use: minigen attention PROMPT --dump-attention OUT.npz")
         self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
         self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
         self.heads = parse_selection(heads, c.n_heads, "head", "--attn-heads")
@@ -205,8 +253,3 @@ class GenerationDump:
         mats = self.recorder.matrices()
         self.file.write(mats, ids, len(self.prompt), meta)
         return {"token_ids": ids, "matrices": mats, "meta": meta, "path": self.file.path}
-
-
-def check_dump_path(path):
-    """Fail now, before any work, if the dump cannot be written there."""
-    check_target(path, "attention dump")

@@ -1,5 +1,6 @@
 """Looking inside a loaded model with model.py's own functions: prompt attention, the hidden state
-entering a layer, one head's projections, the induction probe, and the uncached check of a dump.
+entering a layer, one head's projections, the size of what each key sends through each head, the
+induction probe, the uncached check of a dump, and reading token arguments.
 
 Shape letters as in model.py: T tokens, D hidden, H query heads, KV key/value heads, d head_dim.
 """
@@ -11,7 +12,8 @@ from .. import model as M
 from ..attention import attend, causal_mask
 from ..errors import MinigenError
 from ..layers import apply_rope, rms_norm
-from .stats import induction_score, repeated_tokens
+from .hooks import layer_inputs
+from .stats import probe_scores, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps
 
 
@@ -102,6 +104,28 @@ def check_layer_head(cfg, layer: int, head: int):
         raise MinigenError(f"--head {head} out of range (the model has {cfg.n_heads} heads: 0-{cfg.n_heads - 1})")
 
 
+# --- value-weighted attention ------------------------------------------------------------------------
+
+def value_norms(model, ids) -> np.ndarray:
+    """(L, H, T): ‖v_j · W_Oᵀ[h]‖, the size of the vector key j sends through head h of each layer, so that
+    α_ij times it is query i's value-weighted attention on key j (Kobayashi et al. 2020). The output bias
+    is left out (it is added once, not per key), and so is any post-norm after the output projection
+    (OLMo 2, Gemma 2/3): the norms are those of the heads' own outputs."""
+    cfg, params = model.config, model.params
+    H, d = cfg.n_heads, cfg.head_dim
+    x_in, _ = layer_inputs(model, ids)
+    tables = M.rope_for(cfg, np.arange(len(ids)))
+    kv = np.arange(H) // cfg.group
+    out = []
+    for l in range(cfg.n_layers):
+        p = params["layers"][l]
+        x = M.norm(x_in[l], p, cfg, "attn_norm") if cfg.pre_norms else x_in[l]
+        v = M.qkv_heads(x, p, cfg, tables.get(M.rope_of(cfg, l)))[2]        # (KV, T, d)
+        sent = np.einsum("htd,Dhd->htD", v[kv], p["wo"].reshape(-1, H, d))  # (H, T, D)
+        out.append(np.linalg.norm(sent, axis=-1))
+    return np.stack(out).astype(np.float32)
+
+
 # --- induction probe ---------------------------------------------------------------------------------
 
 def probe_candidates(tokenizer, vocab_size: int) -> np.ndarray:
@@ -111,18 +135,29 @@ def probe_candidates(tokenizer, vocab_size: int) -> np.ndarray:
     return np.array([i for i in range(n) if i not in special], dtype=np.int64)
 
 
-def induction_probe(model, tok, n: int | None = None, seed: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
-    """Run prefix + r + r (r: n random ordinary tokens) -> (ids, n, scores (n_layers, n_heads))."""
+def probe_prefix(tok, vocab_size: int, first: str | None = None) -> list[int]:
+    """What precedes the repeated sequence: by default what the tokenizer puts at the start of a text
+    (BOS, if it adds one); `first` "none" for nothing, or one token (its text, or #ID)."""
+    if first is None:
+        return tok.encode("", add_special_tokens=True)
+    if first.strip().lower() == "none":
+        return []
+    return [vocab_token(tok, first, "--probe-first", vocab_size)]
+
+
+def induction_probe(model, tok, n: int | None = None, seed: int = 0, first: str | None = None) -> dict:
+    """Run prefix + r + r (r: n random ordinary tokens): {"ids", "n", "prefix", "scores": {name: (L, H)}}
+    with the scores of stats.PROBE_SCORES."""
     cfg = model.config
-    prefix = tok.encode("", add_special_tokens=True)  # BOS where the tokenizer adds one
+    prefix = probe_prefix(tok, cfg.vocab_size, first)
     candidates = probe_candidates(tok, cfg.vocab_size)
     limit = (cfg.max_position_embeddings - len(prefix)) // 2
     n = min(50, limit, len(candidates)) if n is None else n
     if n < 2 or n > limit:
         raise MinigenError(f"--probe-length {n}: must be between 2 and {limit} for this model's context")
     ids = repeated_tokens(prefix, candidates, n, seed)
-    record = prompt_attention(model, ids)
-    return ids, n, np.stack([induction_score(a, n) for a in record])
+    record = np.stack(prompt_attention(model, ids))                          # (L, H, T, T)
+    return {"ids": ids, "n": n, "prefix": prefix, "scores": probe_scores(record, ids, n)}
 
 
 # --- verifying a dump ---------------------------------------------------------------------------------
@@ -135,8 +170,9 @@ def verify_rows(model, token_ids, matrices: dict[int, np.ndarray], heads: list[i
 
 # --- the model-level walk-through ------------------------------------------------------------------------
 
-def resolve_token(tokens: list[str], spec: str | int | None) -> int:
-    """--token: an index (negative counts from the end), or text matching one token (last occurrence)."""
+def resolve_token(tokens: list[str], spec: str | int | None, flag: str = "--token") -> int:
+    """A position in the prompt: an index (negative counts from the end), or text naming a token: the last
+    token that reads TEXT, spaces around it aside ("Mr" finds a final " Mr"). Default: the last token."""
     T = len(tokens)
     if spec is None:
         return T - 1
@@ -144,19 +180,36 @@ def resolve_token(tokens: list[str], spec: str | int | None) -> int:
     try:
         i = int(s)
     except ValueError:
-        matches = [j for j, t in enumerate(tokens) if t == s] or [j for j, t in enumerate(tokens) if t.strip() == s.strip()]
+        matches = [j for j, t in enumerate(tokens) if t == s or t.strip() == s.strip()]
         if not matches:
-            raise MinigenError(f"--token {s!r}: no token of the prompt reads {s!r} (tokens: "
+            raise MinigenError(f"{flag} {s!r}: no token of the prompt reads {s!r} (tokens: "
                                + " ".join(repr(t) for t in tokens[:12]) + (" ..." if T > 12 else "") + ")")
         return matches[-1]
     if not -T <= i < T:
-        raise MinigenError(f"--token {i}: past the prompt, which has {T} tokens (0-{T - 1})")
+        raise MinigenError(f"{flag} {i}: past the prompt, which has {T} tokens (0-{T - 1})")
     return i % T
 
 
+def vocab_token(tok, spec: str, flag: str, vocab_size: int) -> int:
+    """A token of the vocabulary for --answer, --target and the like: its text, which must encode to
+    exactly one token (" Mary" with its space), or #ID."""
+    if spec.startswith("#") and spec[1:].isdigit():
+        i = int(spec[1:])
+        if i >= vocab_size:
+            raise MinigenError(f"{flag} {spec}: outside the vocabulary (0-{vocab_size - 1})")
+        return i
+    ids = tok.encode(spec, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = " ".join(repr(t) for t in tok.token_strings(ids)) if ids else "nothing"
+        raise MinigenError(f"{flag} {spec!r}: that text is {len(ids)} tokens ({pieces}), not one; give one "
+                           f"token's text (mind the leading space, e.g. ' Paris') or #ID")
+    return ids[0]
+
+
 def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int = 12,
-                tol: float = 1e-4) -> tuple[list[str], bool]:
-    """The seeds' walk-through on a real checkpoint for one head and one query token, ending with the check."""
+                tol: float = 1e-4) -> tuple[list[str], bool, Steps]:
+    """The seeds' walk-through on a real checkpoint for one head and one query token, ending with the check:
+    (lines, whether the trace matches the model's own head output, the Steps)."""
     cfg = model.config
     tokens = tok.token_strings(ids)
     steps, own = trace_head(model, ids, layer, head)
@@ -186,4 +239,4 @@ def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int =
               f"   model's head output = {fmt_vec(own['out'][token])}",
               f"   max |trace - model| = {err:.2e} (output), {werr:.2e} (weights): "
               + ("equal" if ok else "DIFFERENT") + f" within {tol:g}"]
-    return lines, ok
+    return lines, ok, steps

@@ -1,8 +1,12 @@
-"""One head's attention arithmetic, step by step, in the seeds' order (../shared/seeds/).
+"""One head's attention arithmetic, step by step, in the order of the worked examples of the articles
+"Attention Math Step by Step: From the Input Matrix X to Softmax and V", "How Transformers Actually
+Compute Attention — A Step-by-Step Breakdown" and "The math behind attention: Q, K and V" (whose
+three-token birds/eat/seeds example `seeds_lines` reproduces): X, Q = X W_Q, K, V, the scores Q Kᵀ,
+scaled by 1/√d_k, softmax, and the weighted sum of value rows.
 
 `attention_steps` is the pure core: given X and a head's W_Q, W_K, W_V it computes every intermediate the
 walk-through prints (no mask, no RoPE unless asked). `format_steps` turns one query row of it into lines
-with token labels. model-level tracing (norms, RoPE, the fused weights) lives in `model_trace.py`.
+with token labels. Model-level tracing (norms, RoPE, the fused weights) lives in internals.py.
 """
 from __future__ import annotations
 
@@ -171,3 +175,22 @@ def format_tables(steps: Steps, labels: list[str]) -> list[str]:
     out += table("softmax weights", steps.weights, lambda t: f"{t:.3f}")
     out += ["output = weights @ V"] + [_label(labels[i]).ljust(w) + fmt_vec(steps.out[i]) for i in range(len(steps.out))]
     return out
+
+
+# --- the worked example ------------------------------------------------------------------------------
+
+SEEDS_ARTICLE = "The math behind attention: Q, K and V"
+SEEDS = {  # birds, eat, seeds: d_model 4, d_k 2, as the article lays them out
+    "X": [[1, 0, 2, 0], [0, 2, 0, 1], [1, 1, 0, 1]],
+    "W_Q": [[1, 2], [1, 0], [0, 1], [0, 1]],
+    "W_K": [[1, 0], [0, 1], [1, 0], [1, 0]],
+    "W_V": [[0, 2], [2, 0], [0, 1], [0, 2]],
+}
+
+
+def seeds_lines() -> list[str]:
+    """The birds/eat/seeds example: the walk-through for "birds", then every row as the article tables it."""
+    steps = attention_steps(*(np.array(SEEDS[k]) for k in ("X", "W_Q", "W_K", "W_V")))
+    labels = ["birds", "eat", "seeds"]
+    header = f'the worked example of "{SEEDS_ARTICLE}": three tokens, X (3 x 4), W_Q, W_K, W_V (4 x 2)'
+    return format_steps(steps, labels, 0, header=header) + [""] + format_tables(steps, labels)

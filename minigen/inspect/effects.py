@@ -1,0 +1,206 @@
+"""What heads and blocks do to the output: ablation (take a part out, see what changes) and activation
+patching (put a part of a clean run into a corrupted run, see how much of the answer comes back).
+
+Ablating a head replaces its output before the output projection (TransformerLens's hook_z), at every
+position, by zeros ("zero") or by its mean over the prompt's positions in the same run ("mean", which
+keeps the head's average contribution and removes only what depends on the token). Ablating a block
+("attn L", "mlp L") does the same to what the block adds to the residual stream.
+
+Patching (the indirect-object-identification workflow): two prompts of the same token length, a clean
+one and a corrupted one (e.g. the names swapped), and two answer tokens. The metric is the logit
+difference logit(answer) - logit(wrong) at one position; a patch restores
+    (patched - corrupted) / (clean - corrupted)
+of it: 1 when the patched part carries everything that differs, 0 when it carries nothing.
+
+Shape letters as in model.py: T tokens, D hidden, H query heads, d head_dim, V vocabulary, L layers.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import model as M
+from ..errors import MinigenError
+from .hooks import Intervention, layer_inputs, log_softmax, logits_of, mean, patch, resume, run, zero
+
+MODES = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class Component:
+    """A part of the model: one head ("head", layer, head), or a layer's attention or MLP block."""
+    kind: str
+    layer: int
+    head: int | None = None
+
+    def __str__(self):
+        return f"{self.layer}.{self.head}" if self.kind == "head" else f"{self.kind} {self.layer}"
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "layer": self.layer, "head": self.head, "name": str(self)}
+
+
+def parse_heads(text: str, cfg, flag: str = "--heads") -> list[Component]:
+    """'18.6,17.4' -> heads; 'L.*' is every head of layer L; negative layers count from the end."""
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
+        if not m:
+            raise MinigenError(f"{flag} {text!r}: expected LAYER.HEAD items like 18.6,17.4 (or 18.* for a whole layer)")
+        layer = _index(int(m[1]), cfg.n_layers, "layer", flag)
+        heads = range(cfg.n_heads) if m[2] == "*" else [_index(int(m[2]), cfg.n_heads, "head", flag)]
+        out += [Component("head", layer, h) for h in heads if Component("head", layer, h) not in out]
+    return out
+
+
+def _index(i: int, n: int, what: str, flag: str) -> int:
+    j = i + n if i < 0 else i
+    if not 0 <= j < n:
+        raise MinigenError(f"{flag}: {what} {i} out of range (the model has {n}: 0-{n - 1})")
+    return j
+
+
+def every(kind: str, cfg) -> list[Component]:
+    """Every component of a kind, in layer (then head) order: what a sweep goes through."""
+    if kind == "heads":
+        return [Component("head", l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    return [Component(kind, l) for l in range(cfg.n_layers)]
+
+
+def changes_for(components: list[Component], mode: str) -> dict:
+    """Intervention changes that ablate `components` ("zero" or "mean")."""
+    if mode not in MODES:
+        raise MinigenError(f"ablation mode {mode!r}: expected one of {', '.join(MODES)}")
+    make = zero if mode == "zero" else mean
+    heads: dict[int, list[int]] = {}
+    changes = {}
+    for c in components:
+        if c.kind == "head":
+            heads.setdefault(c.layer, []).append(c.head)
+        else:
+            changes[(c.kind, c.layer)] = make()
+    changes.update({("z", l): make(sorted(hs)) for l, hs in heads.items()})
+    return changes
+
+
+# --- ablation -----------------------------------------------------------------------------------------
+
+def ablated_logits(model, ids, heads, mode: str = "zero") -> np.ndarray:
+    """float32 (T, V): the logits with each (layer, head) in `heads` zeroed, or (mode="mean") replaced by
+    its mean over the T positions, before the output projection."""
+    comps = [Component("head", *_index_pair(model.config, l, h)) for l, h in heads]
+    x = run(model, ids, Intervention(changes_for(comps, mode)))
+    return logits_of(model, x).astype(np.float32)
+
+
+def _index_pair(cfg, layer: int, head: int) -> tuple[int, int]:
+    return _index(int(layer), cfg.n_layers, "layer", "heads"), _index(int(head), cfg.n_heads, "head", "heads")
+
+
+def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> dict:
+    """How one position's next-token distribution changed: top-k before and after, log p(target) before,
+    after and the change, and KL(before || after) in nats."""
+    lb, la = log_softmax(before), log_softmax(after)
+    pb = np.exp(lb)
+    return {"top_before": top_tokens(lb, k), "top_after": top_tokens(la, k),
+            "logp_before": float(lb[target]), "logp_after": float(la[target]),
+            "delta_logp": float(la[target] - lb[target]), "kl": float(max(0.0, (pb * (lb - la)).sum()))}
+
+
+def top_tokens(logp: np.ndarray, k: int) -> list[dict]:
+    order = np.argsort(-logp, kind="stable")[:k]
+    return [{"id": int(t), "p": float(np.exp(logp[t]))} for t in order]
+
+
+def ablation(model, ids, components: list[Component], mode: str, position: int, target: int | None = None,
+             k: int = 5) -> dict:
+    """The effect of ablating `components` together on the distribution at `position`."""
+    x_in, _ = layer_inputs(model, ids)
+    start = min(c.layer for c in components)
+    after = resume(model, x_in[start], start, Intervention(changes_for(components, mode)))
+    before = logits_of(model, x_in[-1][position])
+    target = int(np.argmax(before)) if target is None else target
+    return {"components": [c.as_json() for c in components], "mode": mode, "position": position,
+            "target": target, **compare(before, logits_of(model, after[position]), target, k)}
+
+
+def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = None) -> dict:
+    """Ablate each head (kind "heads") or each layer's "attn" or "mlp" in turn, alone; the effect of each
+    on the distribution at `position`, in component order (commands.sweep ranks them)."""
+    x_in, _ = layer_inputs(model, ids)
+    before = logits_of(model, x_in[-1][position])
+    target = int(np.argmax(before)) if target is None else target
+    rows = []
+    for c in every(kind, model.config):
+        x = resume(model, x_in[c.layer], c.layer, Intervention(changes_for([c], mode)))
+        effect = compare(before, logits_of(model, x[position]), target, k=1)
+        rows.append({**c.as_json(), "kl": effect["kl"], "delta_logp": effect["delta_logp"],
+                     "top_after": effect["top_after"][0]})
+    return {"kind": kind, "mode": mode, "position": position, "target": target,
+            "logp_before": float(log_softmax(before)[target]), "top_before": top_tokens(log_softmax(before), 5),
+            "effects": rows}
+
+
+# --- activation patching --------------------------------------------------------------------------------
+
+PATCH_WHAT = ("heads", "resid", "attn", "mlp")
+
+
+def logit_diff(model, x_row: np.ndarray, answer: int, wrong: int) -> float:
+    """logit(answer) - logit(wrong) from one final residual row (D,): the final norm, the two rows of
+    lm_head it needs, and the family's soft-cap (no full unembedding per patched run)."""
+    cfg, params = model.config, model.params
+    h = M.norm(np.asarray(x_row, np.float32)[None], params, cfg, "final_norm")      # (1, D)
+    logits = (h @ params["lm_head"][[answer, wrong]].T)[0].astype(np.float64)        # (2,)
+    if cfg.final_softcap:
+        logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
+    return float(logits[0] - logits[1])
+
+
+def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str = "heads",
+             position: int = -1) -> dict:
+    """Patch each head's output ("heads": every position at once; a layers x heads grid), or the residual
+    stream entering each layer ("resid"), or each layer's attention or MLP output ("attn", "mlp") at each
+    position (a layers x positions grid), from the clean run into the corrupted run; how much of the
+    clean logit difference at `position` each patch restores."""
+    if len(clean_ids) != len(corrupt_ids):
+        raise MinigenError(f"the clean prompt is {len(clean_ids)} tokens and the corrupted one {len(corrupt_ids)}: "
+                           f"patching needs the same length (positions are patched one for one)")
+    if what not in PATCH_WHAT:
+        raise MinigenError(f"patching {what!r}: expected one of {', '.join(PATCH_WHAT)}")
+    cfg, T = model.config, len(clean_ids)
+    p = position % T
+    xc, clean = layer_inputs(model, clean_ids)
+    xr, corrupt = layer_inputs(model, corrupt_ids)
+    ld_clean, ld_corrupt = (logit_diff(model, x[-1][p], answer, wrong) for x in (xc, xr))
+    if abs(ld_clean - ld_corrupt) < 1e-6:
+        raise MinigenError(f"the clean and corrupted prompts give the same logit difference ({ld_clean:.4f}): "
+                           f"there is nothing to restore; choose other prompts or answers")
+    measure = lambda start, x, changes=None: logit_diff(model, resume(model, x, start, Intervention(changes))[p],
+                                                        answer, wrong)
+    if what == "heads":
+        grid = [[measure(l, xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)]
+                for l in range(cfg.n_layers)]
+    else:
+        grid = [[_patch_position(what, l, q, p, (xc, clean), (xr, corrupt), measure, ld_corrupt) for q in range(T)]
+                for l in range(cfg.n_layers)]
+    ld = np.array(grid)
+    return {"what": what, "position": p, "answer": answer, "wrong": wrong,
+            "logit_diff_clean": ld_clean, "logit_diff_corrupted": ld_corrupt,
+            "logit_diff": ld.tolist(), "restored": ((ld - ld_corrupt) / (ld_clean - ld_corrupt)).tolist()}
+
+
+def _patch_position(what, l, q, p, clean, corrupt, measure, ld_corrupt) -> float:
+    """One cell of a layers x positions grid. A position after `p` cannot reach it (causal attention), and
+    a row equal in both runs patches nothing: both give the corrupted logit difference without a run."""
+    (xc, kc), (xr, kr) = clean, corrupt
+    source, target = (xc[l], xr[l]) if what == "resid" else (kc.kept[what][l], kr.kept[what][l])
+    if q > p or np.array_equal(source[q], target[q]):
+        return ld_corrupt
+    if what == "resid":
+        x = xr[l].copy()
+        x[q] = xc[l][q]
+        return measure(l, x)
+    return measure(l, xr[l], {(what, l): patch(source, positions=[q])})

@@ -1,0 +1,136 @@
+"""Running a loaded model with model.py's hooks: keeping what each layer computes, changing head or block
+outputs (ablation, patching), and resuming a forward pass at a layer's input.
+
+What can be changed, per layer (model.Hooks):
+    z     (T, H, d)  each head's output before the output projection (TransformerLens's hook_z)
+    attn  (T, D)     what the attention block adds to the residual stream (after any post-norm)
+    mlp   (T, D)     what the MLP block adds (after any post-norm)
+A change is a function array -> array; it must not modify its argument in place.
+
+Resuming: an intervention at layer l leaves the residual stream entering layer l untouched, so a sweep
+runs the clean prompt once, keeps every layer's input, and starts each changed run at layer l
+(`resume`), which halves the work of a sweep over layers.
+
+Shape letters as in model.py: T tokens, D hidden, H query heads, d head_dim, V vocabulary, L layers.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import model as M
+
+Change = Callable[[np.ndarray], np.ndarray]
+
+
+class Intervention(M.Hooks):
+    """Hooks that apply `changes` {("z" | "attn" | "mlp", layer): Change} and, with keep=True, keep a copy
+    of every z, attn, mlp and residual stream (after the changes) in `kept[kind][layer]`."""
+
+    def __init__(self, changes: dict | None = None, keep: bool = False):
+        self.changes = changes or {}
+        self.kept = {"z": {}, "attn": {}, "mlp": {}, "resid": {}} if keep else None
+
+    def _through(self, kind: str, layer: int, a: np.ndarray) -> np.ndarray:
+        change = self.changes.get((kind, layer))
+        if change is not None:
+            a = change(a)
+        if self.kept is not None:
+            self.kept[kind][layer] = a.copy()
+        return a
+
+    def z(self, layer, z):
+        return self._through("z", layer, z)
+
+    def attn_out(self, layer, a):
+        return self._through("attn", layer, a)
+
+    def mlp_out(self, layer, m):
+        return self._through("mlp", layer, m)
+
+    def resid(self, layer, x):
+        if self.kept is not None:
+            self.kept["resid"][layer] = x.copy()  # x is updated in place by the next layer
+
+
+# --- changes ------------------------------------------------------------------------------------------
+
+def zero(heads: list[int] | None = None) -> Change:
+    """Zero some heads of z (T, H, d), or a whole block output (T, D) when heads is None."""
+    def change(a):
+        a = a.copy()
+        if heads is None:
+            a[:] = 0
+        else:
+            a[:, heads] = 0
+        return a
+    return change
+
+
+def mean(heads: list[int] | None = None) -> Change:
+    """Replace some heads of z (or a whole block output) by their mean over the T positions."""
+    def change(a):
+        a = a.copy()
+        if heads is None:
+            a[:] = a.mean(0)
+        else:
+            a[:, heads] = a[:, heads].mean(0)
+        return a
+    return change
+
+
+def patch(source: np.ndarray, heads: list[int] | None = None, positions: list[int] | None = None) -> Change:
+    """Copy from another run's array of the same shape: some heads of z at every position, or some
+    positions (rows) of a block output."""
+    def change(a):
+        a = a.copy()
+        if heads is not None:
+            a[:, heads] = source[:, heads]
+        else:
+            a[positions] = source[positions]
+        return a
+    return change
+
+
+# --- running ------------------------------------------------------------------------------------------
+
+def run(model, ids, hooks: M.Hooks | None = None) -> np.ndarray:
+    """The final residual stream (T, D) of an uncached forward over ids, with hooks; `logits_of` finishes it."""
+    ids = model._check_ids(ids)
+    return M.hidden(model.params, model.config, ids, model.make_cache(len(ids)), hooks=hooks)
+
+
+def layer_inputs(model, ids) -> tuple[np.ndarray, Intervention]:
+    """(L + 1, T, D): the residual stream entering each layer (row 0: the embeddings) and after the last
+    one (before the final norm); and the Intervention that kept every z, attn, mlp of that run."""
+    ids = model._check_ids(ids)
+    cfg = model.config
+    keep = Intervention(keep=True)
+    x_last = run(model, ids, keep)
+    x0 = M.embed(model.params, cfg, ids, np.arange(len(ids)))
+    rows = [x0] + [keep.kept["resid"][l] for l in range(cfg.n_layers - 1)] + [x_last]
+    return np.stack(rows), keep
+
+
+def resume(model, x: np.ndarray, start: int, hooks: M.Hooks | None = None) -> np.ndarray:
+    """Layers start..L-1 on a copy of the residual stream x (T, D) entering layer `start`; the final
+    residual (T, D). Equal to a full forward whose layers before `start` produced x."""
+    cfg, params = model.config, model.params
+    T = x.shape[0]
+    cache, tables = model.make_cache(T), M.rope_for(cfg, np.arange(T))
+    x = x.copy()
+    for i in range(start, cfg.n_layers):
+        x = M.layer(x, params["layers"][i], cfg, i, cache[i], tables.get(M.rope_of(cfg, i)), None, hooks)
+    return x
+
+
+def logits_of(model, x: np.ndarray) -> np.ndarray:
+    """Final norm, lm_head and the family's soft-cap on residual rows (..., D) -> (..., V)."""
+    return M.unembed(np.atleast_2d(x), model.params, model.config).reshape(*x.shape[:-1], -1)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
