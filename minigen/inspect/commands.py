@@ -158,7 +158,7 @@ def census(src: Source, exclude_first: bool = False, probed: dict | None = None)
     layers = sorted(src.layers)
     probe_part = None
     if probed is not None:
-        probe_part = {"length": probed["n"], "prefix": probed["prefix"], "descriptions": stats.PROBE_SCORES,
+        probe_part = {"length": probed["n"], "prefix": [token_json(src.tokenizer, i) for i in probed["prefix"]], "descriptions": stats.PROBE_SCORES,
                       "scores": {k: v[layers][:, src.heads] for k, v in probed["scores"].items()}}
     return {"command": "attention", "view": "census", "source": src.subtitle, "tokens": src.tokens,
             "token_ids": src.ids, "layers": layers, "heads": src.heads, "exclude_first": exclude_first,
