@@ -310,8 +310,8 @@ def test_truncated(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    src = write_gguf(GQA3, tmp_path / "m.gguf", arch="gpt2")
-    assert_fails_cleanly(tmp_path, src, "architecture 'gpt2' is not supported")
+    src = write_gguf(GQA3, tmp_path / "m.gguf", arch="falcon")
+    assert_fails_cleanly(tmp_path, src, "architecture 'falcon' is not supported")
 
 
 def test_unsupported_quant_type(tmp_path):
@@ -345,7 +345,7 @@ def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
 def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     import minigen.convert as mc
 
-    def boom(t):
+    def boom(plan, t):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(mc, "_dequantise", boom)
