@@ -73,8 +73,10 @@ class Plan:
         return sum(t.size for t in self.tensors)
 
 
-def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True) -> Result:
-    """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty."""
+def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True,
+                 extra_files: dict[str, str] | None = None) -> Result:
+    """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty; `extra_files` ({name: text})
+    are written beside the checkpoint's own."""
     source, out_dir = Path(source), Path(out_dir)
     if dtype not in DTYPES:
         raise MinigenError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
@@ -86,7 +88,7 @@ def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32"
         nbytes = _write_safetensors(tmp / "model.safetensors", plan, dtype, progress)
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", plan.generation)
-        for name, text in plan.tokenizer_files.items():
+        for name, text in {**plan.tokenizer_files, **(extra_files or {})}.items():
             (tmp / name).write_text(text, encoding="utf-8")
     return Result(out_dir, len(plan.tensors), plan.n_params, nbytes)
 
@@ -500,8 +502,9 @@ def _dequantise(plan: Plan, t: _Tensor):
     for start in range(0, t.rows, step):
         n = min(step, t.rows - start)
         w = _dequantise_rows(plan.source, t.offset + start * t.row_bytes, t.row_bytes, n, t.qtype, t.gguf_name)
-        if t.fix:
-            w = gguf_arch.apply_fix(t.fix, w.reshape(t.rows, t.cols), plan.config)
+        if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
+            w = gguf_arch.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
+                                    plan.config)
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
         if not np.isfinite(w).all():
@@ -532,7 +535,8 @@ def _cast(w: np.ndarray, dtype: str, where: str) -> np.ndarray:
     if dtype == "float32":
         return np.ascontiguousarray(w, dtype="<f4")
     if dtype == "float16":
-        half = np.ascontiguousarray(w, dtype="<f2")
+        with np.errstate(over="ignore"):
+            half = np.ascontiguousarray(w, dtype="<f2")
         if not np.isfinite(half).all():
             raise MinigenError(f"{where} has values beyond float16's range; use --dtype bfloat16 or float32")
         return half
@@ -548,7 +552,7 @@ class _Progress:
         import click
 
         self.bar = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             self.bar = click.progressbar(length=plan.n_params, label=f"converting {plan.source.name}",
                                          file=sys.stderr, show_percent=True, show_eta=True)
 

@@ -259,8 +259,9 @@ def llama3_rope(factors: np.ndarray, theta: float, dim: int, source) -> dict | N
     """HF's llama3 rope_scaling that gives llama.cpp's per-frequency `rope_freqs` factors (llama.cpp divides
     frequency i by factors[i]), or None when every factor is 1. llama.cpp computed them from (factor,
     low_freq_factor, high_freq_factor, original_max_position_embeddings); the tensor alone does not pin all
-    four, so candidates are tried (Llama 3.x's low_freq_factor of 1 with the rest fitted, then Llama 3.1's
-    published values) and the first whose factors match the tensor to float32 precision wins."""
+    four, so candidates are tried (Llama 3.x's low_freq_factor of 1, the rest fitted to the blended factors or
+    a power-of-two original context) and the first whose factors match the tensor to float32 precision wins:
+    any such set gives the same frequencies, hence the same RoPE.""" 
     factors = np.asarray(factors, np.float64)
     if factors.shape != (dim // 2,) or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
         raise MinigenError(f"{source}: tensor rope_freqs.weight should hold {dim // 2} positive factors")
@@ -284,15 +285,19 @@ def _llama3_factors(wavelen, factor, low_freq_factor, high_freq_factor, original
 
 
 def _llama3_candidates(factors, wavelen):
+    """(factor, low, high, original) sets to try, all with low_freq_factor 1 (every Llama 3.x release)."""
     factor = float(np.float32(factors.max()))
     mid = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
-    if mid.sum() >= 2:  # smooth = a / wavelen + b, linear in 1 / wavelen: fit a and b, take low_freq_factor = 1
-        smooth = (1 / factors[mid] - 1 / factor) / (1 - 1 / factor)
+    smooth = (1 / factors[mid] - 1 / factor) / (1 - 1 / factor)  # = (old / wavelen - 1) / (high - 1)
+    if mid.sum() >= 2:  # smooth is linear in 1 / wavelen: fit it
         a, b = np.polyfit(1 / wavelen[mid], smooth, 1)
         if b < 0:
-            high = 1 - 1 / b
-            yield _params(factor, 1.0, high, a * (high - 1))
-    yield _params(factor, 1.0, 4.0, 8192)  # Llama 3.1 / 3.2 as published
+            yield _params(factor, 1.0, 1 - 1 / b, a * -1 / b)
+    for old in [8192] + [2 ** k for k in range(1, 25)]:  # a power-of-two original context, high from one blend
+        if mid.any():
+            yield _params(factor, 1.0, 1 + (old / wavelen[mid][0] - 1) / smooth[0], old)
+        else:
+            yield _params(factor, 1.0, 4.0, old)
     ones, scaled = wavelen[factors <= 1 + 1e-6], wavelen[factors >= factor * (1 - 1e-6)]
     if not mid.any() and len(ones) and len(scaled):  # no blended frequencies: any band edge between the two works
         old = float(scaled.min()) * 0.999

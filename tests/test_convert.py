@@ -53,7 +53,7 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: str = "smollm",
-               tensor_hook=None) -> Path:
+               tensor_hook=None, kv_hook=None) -> Path:
     cfg = json.loads((hf_dir / "config.json").read_text())
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(out, arch)
@@ -86,6 +86,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: s
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t)
+    if kv_hook:  # {key: gguf.GGUFValue}: change, add or delete metadata
+        kv_hook(w.kv_data[0])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -352,3 +354,106 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         mc.convert_gguf(write_gguf(GQA3, tmp_path / "m.gguf"), tmp_path / "out", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+# --- damaged metadata and data: one line naming the key or tensor, before anything is written ------------------
+
+
+def set_kv(key: str, value, vtype=gguf.GGUFValueType.UINT32):
+    def hook(kv):
+        if value is None:
+            del kv[key]
+        else:
+            kv[key] = gguf.GGUFValue(value=value, type=vtype)
+    return hook
+
+
+BAD_METADATA = [
+    ("llama.attention.head_count", 0, gguf.GGUFValueType.UINT32, "llama.attention.head_count"),
+    ("llama.attention.head_count", "nine", gguf.GGUFValueType.STRING, "llama.attention.head_count"),
+    ("llama.embedding_length", None, None, "llama.embedding_length is missing"),
+    ("llama.block_count", 2**32, gguf.GGUFValueType.UINT64, "llama.block_count"),
+    ("llama.block_count", 2, gguf.GGUFValueType.UINT32, "says 2 layers, but the file has tensors for 3"),
+    ("llama.attention.head_count_kv", 2, gguf.GGUFValueType.UINT32, "does not divide"),
+    ("llama.attention.layer_norm_rms_epsilon", 0.0, gguf.GGUFValueType.FLOAT32, "layer_norm_rms_epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), gguf.GGUFValueType.FLOAT32, "layer_norm_rms_epsilon"),
+    ("llama.rope.freq_base", -1.0, gguf.GGUFValueType.FLOAT32, "llama.rope.freq_base"),
+    ("llama.context_length", 0, gguf.GGUFValueType.UINT32, "llama.context_length"),
+    ("llama.rope.dimension_count", 6, gguf.GGUFValueType.UINT32, "llama.rope.dimension_count"),
+    ("llama.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING, "'yarn'"),
+    ("tokenizer.ggml.bos_token_id", 10**6, gguf.GGUFValueType.UINT32, "tokenizer.ggml.bos_token_id"),
+    ("tokenizer.ggml.eos_token_id", 448, gguf.GGUFValueType.UINT32, "tokenizer.ggml.eos_token_id"),
+    ("general.architecture", None, None, "architecture None"),
+]
+
+
+@pytest.mark.parametrize("key, value, vtype, words", BAD_METADATA, ids=[f"{k}={v}" for k, v, _, _ in BAD_METADATA])
+def test_bad_metadata(tmp_path, key, value, vtype, words):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", kv_hook=set_kv(key, value, vtype))
+    assert_fails_cleanly(tmp_path, src, words)
+
+
+def test_a_per_layer_list_is_refused_by_name(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", kv_hook=set_kv(
+        "llama.attention.head_count_kv", [3, 3, 3], gguf.GGUFValueType.ARRAY))
+    assert_fails_cleanly(tmp_path, src, "llama.attention.head_count_kv", "per-layer")
+
+
+def _patch_tensor_info(data: bytes, name: str, field: str, value: int) -> bytes:
+    """Overwrite n_dims or the type of tensor `name` in a GGUF's tensor directory."""
+    key = len(name).to_bytes(8, "little") + name.encode()
+    at = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    pos = at if field == "n_dims" else at + 4 + 8 * n_dims
+    return data[:pos] + value.to_bytes(4, "little") + data[pos + 4:]
+
+
+@pytest.mark.parametrize("field, value, words", [("type", 200, "unknown tensor type 200"),
+                                                   ("n_dims", 9, "9 dimensions"),
+                                                   ("type", int(Q.Q8_K), "Q8_K")])
+def test_damaged_tensor_directory(tmp_path, field, value, words):
+    data = write_gguf(GQA3, tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "d.gguf").write_bytes(_patch_tensor_info(data, "blk.1.ffn_up.weight", field, value))
+    assert_fails_cleanly(tmp_path, tmp_path / "d.gguf", "blk.1.ffn_up.weight", words)
+
+
+def test_truncated_inside_the_vocabulary_names_the_key(tmp_path):
+    data = write_gguf(GQA3, tmp_path / "m.gguf").read_bytes()
+    cut = data.index("tokenizer.ggml.tokens".encode()) + 500
+    (tmp_path / "t.gguf").write_bytes(data[:cut])
+    assert_fails_cleanly(tmp_path, tmp_path / "t.gguf", "metadata key tokenizer.ggml.tokens", "past the end")
+
+
+def test_missing_and_misshapen_tensors_are_named_as_in_the_file(tmp_path):
+    rename = lambda name, t: (("blk.2.ffn_up.bias" if name == "blk.2.ffn_up.weight" else name), t)  # noqa: E731
+    line = assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "a.gguf", tensor_hook=rename), "blk.2.ffn_up")
+    assert "unexpected tensor" in line
+    short = lambda name, t: (name, t[:-1] if name == "blk.0.attn_v.weight" else t)  # noqa: E731
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "b.gguf", tensor_hook=short), "blk.0.attn_v.weight",
+                         "shape")
+
+
+def test_non_finite_weights_are_refused_and_leave_nothing(tmp_path):
+    def nan(name, t):
+        if name == "blk.1.attn_output.weight":
+            t = t.copy()
+            t[3, 5] = np.nan
+        return name, t
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=nan), "blk.1.attn_output.weight",
+                         "NaN")
+
+
+def test_float16_overflow_is_refused(tmp_path):
+    big = lambda name, t: (name, t * 1e6 if name == "blk.0.ffn_down.weight" else t)  # noqa: E731
+    src = write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=big)
+    r = convert(src, tmp_path / "out", "--dtype", "float16")
+    assert r.exit_code == 1 and "blk.0.ffn_down.weight" in r.output and "float16" in r.output
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.tmp"))
+    assert convert(src, tmp_path / "ok", "--dtype", "bfloat16").exit_code == 0
+
+
+def test_output_under_proc_fails_before_any_work(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf")
+    r = convert(src, Path("/proc/minigen-convert-test"))
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and "/proc/minigen-convert-test" in r.output
+    assert not Path("/proc/minigen-convert-test").exists()
