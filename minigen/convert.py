@@ -1,6 +1,6 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Only the `llama` architecture with a BPE (`gpt2`) vocabulary is supported. The steps:
+Only the `llama` architecture is supported; the tokenizer is rebuilt by `gguf_tokenizer`. The steps:
   1. read the metadata (`llama.*`, `tokenizer.ggml.*`) and check everything is supported before writing anything;
   2. dequantise each tensor with the `gguf` package, rename it to its HF name, and undo llama.cpp's Q/K row
      permutation (its converter interleaves the two RoPE halves of every head; HF keeps them split);
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MinigenError
+from .gguf_tokenizer import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors header names
@@ -68,14 +69,15 @@ def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32"
     meta = _metadata(reader, source)
     plan = _plan(reader, meta, source)
     config = _config(meta, plan, source, dtype)
-    tok_files = _tokenizer_files(meta, source)
+    tok_files = tokenizer_files(meta, source)
+    generation = _generation_config(config, special_ids(meta, source))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the result should look like any new directory
         nbytes = _write_safetensors(tmp / "model.safetensors", plan, config, dtype, progress, source)
         _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", _generation_config(config))
+        _write_json(tmp / "generation_config.json", generation)
         for name, text in tok_files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         _move_into_place(tmp, out_dir)
@@ -269,84 +271,12 @@ def _check_shapes(config: dict, names: dict, source: Path) -> None:
             raise MinigenError(f"{source}: {names[name].gguf.name} has shape {names[name].shape}, expected {shape}")
 
 
-def _generation_config(config: dict) -> dict:
-    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
-    return {k: config[k] for k in keys if k in config}
-
-
-# --- tokenizer ---------------------------------------------------------------------------------
-
-
-def _tokenizer_files(meta: dict, source: Path) -> dict[str, str]:
-    """tokenizer.json (rebuilt from tokenizer.ggml.*) and tokenizer_config.json (special tokens, chat template)."""
-    if "tokenizer.huggingface.json" in meta:  # some GGUFs carry the original file verbatim
-        tok_json = meta["tokenizer.huggingface.json"]
-    else:
-        tok_json = build_tokenizer(meta, source).to_str()
-    return {"tokenizer.json": tok_json, "tokenizer_config.json": json.dumps(_tokenizer_config(meta), indent=2,
-                                                                            ensure_ascii=False) + "\n"}
-
-
-def build_tokenizer(meta: dict, source: Path | str = "GGUF"):
-    """The HF fast tokenizer for a GGUF `gpt2` (byte-level BPE) vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise MinigenError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]
-    if any(len(m) != 2 for m in merges):
-        raise MinigenError(f"{source}: tokenizer.ggml.merges has an entry that is not two tokens")
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tk.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), source)
-    tk.decoder = decoders.ByteLevel()
-    # token types (llama.cpp's enum): 3 = control -> special added token, 4 = user-defined -> plain added token
-    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                           for i, t in enumerate(types) if t == 3])
-    tk.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == 4])
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        b = tokens[bos]
-        tk.post_processor = processors.TemplateProcessing(single=f"{b} $A", pair=f"{b} $A {b} $B:1",
-                                                          special_tokens=[(b, bos)])
-    else:
-        tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tk
-
-
-def _pre_tokenizer(pre: str, source):
-    from tokenizers import pre_tokenizers
-
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":  # llama.cpp: each digit on its own, then the GPT-2 regex
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("gpt-2", "gpt2"):
-        return byte_level
-    raise MinigenError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported (supported: smollm, gpt-2)")
-
-
-def _tokenizer_config(meta: dict) -> dict:
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    config = {
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": meta.get("llama.context_length", 2048),
-        "tokenizer_class": "PreTrainedTokenizerFast",  # GPT2Tokenizer would make transformers 5 rebuild its own pre-tokenizer, dropping the digit split
-    }
-    for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"), ("padding", "pad_token")):
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if i is not None and i < len(tokens):
-            config[name] = tokens[i]
-    config["added_tokens_decoder"] = {
-        str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": t == 3}
-        for i, t in enumerate(types) if t in (3, 4)}
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return config
+def _generation_config(config: dict, special: dict) -> dict:
+    """BOS and PAD as config.json has them; EOS as every id llama.cpp ends generation on (EOT, EOM, ...)."""
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    if special["eog"]:
+        gen["eos_token_id"] = special["eog"][0] if len(special["eog"]) == 1 else special["eog"]
+    return gen
 
 
 # --- writing -----------------------------------------------------------------------------------
