@@ -73,8 +73,13 @@ def llama_tokenize(gguf: Path, text: str) -> tuple[list[int], bytes]:
 
 def llama_special_ids(gguf: Path) -> dict:
     """What llama.cpp's loader logs: its end-of-generation ids ("eog", sorted) and BOS/EOS/UNK/PAD (or None)."""
-    log = subprocess.run([str(LLAMA_TOKENIZE), "-m", str(gguf), "-p", "x", "-lv", "4"],
-                         capture_output=True, check=True).stderr.decode("utf-8", "replace")
+    for _ in range(5):  # the log is written by a thread and now and then cut short at exit: retry
+        log = subprocess.run([str(LLAMA_TOKENIZE), "-m", str(gguf), "-p", "x", "-lv", "4"],
+                             capture_output=True, check=True).stderr.decode("utf-8", "replace")
+        if "print_info: max token length" in log:
+            break
+    else:
+        raise RuntimeError(f"{gguf}: llama-tokenize logged no vocabulary summary")
     ids = {"eog": sorted({int(i) for i in re.findall(r"print_info: EOG token += (\d+) ", log)})}
     for key, name in (("bos", "BOS"), ("eos", "EOS"), ("unknown", "UNK"), ("padding", "PAD")):
         m = re.search(rf"print_info: {name} token += (\d+) ", log)
