@@ -39,6 +39,13 @@ LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}
 QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
+# words as runs of upper- then lower-case letters; llama.cpp's spelling of \p{Lu}... as "a letter that is not a-z"
+_UPPER_LOWER = r"((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+_UPPER_LOWER2 = r"((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER_LOWER}|[^\r\n\p{{L}}\p{{N}}]?{_UPPER_LOWER2}|\p{{N}}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER_LOWER}{_CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER_LOWER2}{_CONTRACTIONS}?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ PRE_KINDS = {
     "qwen2": Pre((QWEN2,)),
     "qwen35": Pre((QWEN35,)),
     "falcon": Pre((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]")),
+    "tekken": Pre((TEKKEN,), ignore_merges=True, add_bos=True),
+    "gpt-4o": Pre((GPT4O,)),
 }
 
 # tokenizer.ggml.pre -> PRE_KINDS key, as llama_vocab::impl::load maps them (for the kinds above)
@@ -75,6 +84,8 @@ PRE_NAMES = {
                      "solar-open"), "qwen2"),
     "qwen35": "qwen35",
     "falcon": "falcon",
+    "tekken": "tekken",
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), "gpt-4o"),
 }
 
 # --- special tokens llama.cpp recognises by their text ------------------------------------------------------

@@ -19,7 +19,7 @@ LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", Path.home() / ".cache/minigen-llama
 LLAMA_TOKENIZE = LLAMA_CPP / "build/bin/llama-tokenize"
 
 # runs of spaces and tabs, newlines, digits, code, CJK, emoji (ZWJ sequences), accents and combining marks,
-# Arabic/Hindi, special tokens inline, leading spaces, the empty string
+# Arabic/Hindi, mixed case, special tokens inline, leading spaces, the empty string
 HARD_TEXTS = [
     "",
     " ",
@@ -39,6 +39,7 @@ HARD_TEXTS = [
     "e\u0301 a\u0300 n\u0303 combining: Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334a\u0336lgo",
     "مرحبا بالعالم، هذا نص عربي. हिन्दी में लिखा पाठ, नमस्ते दुनिया।",
     "I'm sure they'll say we've done it, can't they? DON'T! 'RE 'Ve a'lL",
+    "CamelCaseWords HTTPServer getURLForID iPhone ÉCOLE École McDonald'S x86_64 snake_case ΣΊΣΥΦΟΣ",
     "------======= ''''''```````\"\"\"\"......!!!!!!??????  <tag attr=\"1\">&amp;</tag>",
     "\u00a0non\u00a0breaking\u3000ideographic\u2009thin space\u200bzero width\u0085next",
     "Mixed\ttabs\tand spaces   \t  end   ",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 import shutil
 import sys
 import tempfile
@@ -148,7 +149,28 @@ def pre_names(tmp: Path, meta: dict, kind_ids: dict) -> dict:
     return checked
 
 
+# PRE_KINDS key -> llama.cpp's case in llm_tokenizer_bpe (src/llama-vocab.cpp); None: its `default:` case
+CPP_CASES = {"default": None, "gpt2": "GPT2", "starcoder": "STARCODER", "llama3": "LLAMA3", "dbrx": "DBRX",
+             "qwen2": "QWEN2", "qwen35": "QWEN35", "falcon": "FALCON", "tekken": "TEKKEN", "gpt-4o": "GPT4O"}
+
+
+def check_regexes() -> None:
+    """PRE_KINDS' regexes are llama.cpp's, character for character."""
+    src = (LLAMA_CPP / "src/llama-vocab.cpp").read_text(encoding="utf-8")
+    for kind, case in CPP_CASES.items():
+        start = src.index("default:\n                // default regex" if case is None
+                          else f"case LLAMA_VOCAB_PRE_TYPE_{case}:")
+        block = src[start:src.index("break;", start)]
+        strings = re.findall(r'^\s*"((?:[^"\\]|\\.)*)",\s*$', block, re.M)
+        # C string literal -> str (the file is UTF-8; escapes are \\, \" and \r \n)
+        regexes = tuple(bytes(x, "utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8")
+                        for x in strings)
+        assert PRE_KINDS[kind].splits == regexes, kind
+    assert set(CPP_CASES) == set(PRE_KINDS)
+
+
 def main() -> None:
+    check_regexes()
     OUT.mkdir(parents=True, exist_ok=True)
     refs = {"made_by": "scripts/make_gguf_vocab_fixtures.py: llama-tokenize -f TEXT --no-escape, llama.cpp from "
                        f"llama-cpp-python 0.3.36 ({LLAMA_CPP.name})", "vocabs": {}}
