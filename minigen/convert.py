@@ -8,7 +8,8 @@ phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package dequa
   2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
      (gguf_arch: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
      finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
-     reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped;
+     reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
+     The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
   3. write it all into a temporary directory next to OUT_DIR and rename that into place only when complete.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from . import gguf_arch
 from .errors import MinigenError
 from .files import atomic_dir
+from .gguf_tokenizer import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors header names
@@ -106,7 +108,8 @@ def read_plan(source: str | Path) -> Plan:
     tensors, extras = _map_tensors(arch, infos, n_layers, source)
     config = _config(arch, m, infos, extras)
     _check_against_minigen(arch, config, tensors, source)
-    return Plan(source, arch, config, _generation_config(config, meta), _tokenizer_files(meta, source), tensors)
+    return Plan(source, arch, config, _generation_config(config, special_ids(meta, source)),
+                tokenizer_files(meta, source), tensors)
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -366,16 +369,11 @@ def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
     return i
 
 
-def _generation_config(config: dict, meta: dict) -> dict:
-    """bos/eos/pad; eos lists end-of-turn tokens too (llama.cpp stops on EOT as on EOS)."""
+def _generation_config(config: dict, special: dict) -> dict:
+    """BOS and PAD as config.json has them; EOS as every id llama.cpp ends generation on (EOT, EOM, ...)."""
     gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
-    eos = [config["eos_token_id"]] if "eos_token_id" in config else []
-    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        i = meta.get(key)
-        if gguf_arch._is_int(i) and 0 <= i < config["vocab_size"] and i not in eos:
-            eos.append(i)
-    if len(eos) > 1:
-        gen["eos_token_id"] = eos
+    if special["eog"]:
+        gen["eos_token_id"] = special["eog"][0] if len(special["eog"]) == 1 else special["eog"]
     return gen
 
 
@@ -394,81 +392,6 @@ def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], sour
         to_gguf = {hf: g for g, hf in gguf_arch.tensor_names(arch, family, cfg.n_layers).items()}
         raise MinigenError(re.sub(r"'([^']+)'", lambda mt: f"{to_gguf.get(mt.group(1), '?')} ({mt.group(1)})",
                                   str(e))) from None
-
-
-# --- tokenizer ---------------------------------------------------------------------------------
-
-
-def _tokenizer_files(meta: dict, source: Path) -> dict[str, str]:
-    """tokenizer.json (rebuilt from tokenizer.ggml.*) and tokenizer_config.json (special tokens, chat template)."""
-    if "tokenizer.huggingface.json" in meta:  # some GGUFs carry the original file verbatim
-        tok_json = meta["tokenizer.huggingface.json"]
-    else:
-        tok_json = build_tokenizer(meta, source).to_str()
-    return {"tokenizer.json": tok_json, "tokenizer_config.json": json.dumps(_tokenizer_config(meta), indent=2,
-                                                                            ensure_ascii=False) + "\n"}
-
-
-def build_tokenizer(meta: dict, source: Path | str = "GGUF"):
-    """The HF fast tokenizer for a GGUF `gpt2` (byte-level BPE) vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise MinigenError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]
-    if any(len(m) != 2 for m in merges):
-        raise MinigenError(f"{source}: tokenizer.ggml.merges has an entry that is not two tokens")
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tk.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), source)
-    tk.decoder = decoders.ByteLevel()
-    # token types (llama.cpp's enum): 3 = control -> special added token, 4 = user-defined -> plain added token
-    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                           for i, t in enumerate(types) if t == 3])
-    tk.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == 4])
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        b = tokens[bos]
-        tk.post_processor = processors.TemplateProcessing(single=f"{b} $A", pair=f"{b} $A {b} $B:1",
-                                                          special_tokens=[(b, bos)])
-    else:
-        tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tk
-
-
-def _pre_tokenizer(pre: str, source):
-    from tokenizers import pre_tokenizers
-
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":  # llama.cpp: each digit on its own, then the GPT-2 regex
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("gpt-2", "gpt2"):
-        return byte_level
-    raise MinigenError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported (supported: smollm, gpt-2)")
-
-
-def _tokenizer_config(meta: dict) -> dict:
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    config = {
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": meta.get("llama.context_length", 2048),
-        "tokenizer_class": "PreTrainedTokenizerFast",  # GPT2Tokenizer would make transformers 5 rebuild its own pre-tokenizer, dropping the digit split
-    }
-    for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"), ("padding", "pad_token")):
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if i is not None and i < len(tokens):
-            config[name] = tokens[i]
-    config["added_tokens_decoder"] = {
-        str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": t == 3}
-        for i, t in enumerate(types) if t in (3, 4)}
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return config
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -156,7 +156,9 @@ def test_config_and_tokenizer_files(tmp_path):
                 "rms_norm_eps", "bos_token_id", "eos_token_id", "model_type", "architectures"):
         assert got[key] == want[key], key
     assert got["rope_theta"] == want["rope_parameters"]["rope_theta"]
-    assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 4}
+    # EOS <|im_end|>, then </s>: llama.cpp ends generation on it too (by its text)
+    assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1,
+                                                                                 "eos_token_id": [4, 2]}
     ours, theirs = minigen.load(tmp_path / "out")[1], Tokenizer.from_file(str(GQA3 / "tokenizer.json"))
     assert ours.encode(TEXT) == theirs.encode(TEXT).ids  # BOS prepended, as add_bos_token says
     assert ours.decode(ours.encode(TEXT, add_special_tokens=False)) == TEXT
@@ -328,8 +330,8 @@ def test_unknown_tensor(tmp_path):
 
 
 def test_unsupported_pre_tokenizer(tmp_path):
-    src = write_gguf(GQA3, tmp_path / "m.gguf", pre="qwen2")
-    assert_fails_cleanly(tmp_path, src, "tokenizer.ggml.pre 'qwen2' is not supported")
+    src = write_gguf(GQA3, tmp_path / "m.gguf", pre="no-such-pre")
+    assert_fails_cleanly(tmp_path, src, "tokenizer.ggml.pre 'no-such-pre' is not supported", "llama-bpe, ")
 
 
 def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
