@@ -117,7 +117,7 @@ def gguf_cache_dir() -> Path:
 
 def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -> Path:
     """The converted checkpoint of a GGUF file, converting it on first use (and after the file changes)."""
-    from .convert import convert_gguf
+    from .convert import convert_gguf, read_plan
     from .default_model import is_converted
 
     identity = _identity(source)
@@ -125,10 +125,11 @@ def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -
     out = gguf_cache_dir() / f"{_slug(source.stem)}-{key}"
     if is_converted(out):
         return out
+    plan = read_plan(source)  # a damaged file fails here, before anything is announced or written
     note(f"converting {source.name} into {out} (float32, done once for this file)")
     start = time.perf_counter()
     try:
-        result = convert_gguf(source, out, "float32", progress,
+        result = convert_gguf(source, out, "float32", progress, plan=plan,
                               extra_files={"minigen-source.json": json.dumps(identity, indent=2) + "\n"})
     except MinigenError:
         if is_converted(out):  # another process converted it at the same time: use theirs

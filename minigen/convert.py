@@ -76,15 +76,15 @@ class Plan:
 
 
 def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True,
-                 extra_files: dict[str, str] | None = None) -> Result:
+                 extra_files: dict[str, str] | None = None, plan: Plan | None = None) -> Result:
     """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty; `extra_files` ({name: text})
-    are written beside the checkpoint's own."""
+    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already."""
     source, out_dir = Path(source), Path(out_dir)
     if dtype not in DTYPES:
         raise MinigenError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise MinigenError(f"{out_dir}: already exists and is not an empty directory; choose a new OUT_DIR")
-    plan = read_plan(source)
+    plan = plan or read_plan(source)
     config = dict(plan.config, torch_dtype=dtype, dtype=dtype)
     with atomic_dir(out_dir) as tmp:
         nbytes = _write_safetensors(tmp / "model.safetensors", plan, dtype, progress)
@@ -349,13 +349,10 @@ def _read_vector(source: Path, info: _Info, row_bytes: int) -> np.ndarray:
 
 
 def _token_ids(m: gguf_arch.Meta, vocab: int) -> dict:
-    """bos/eos/pad ids of the tokenizer metadata, each checked to be a token of the vocabulary."""
-    out = {}
-    for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
-        i = _token_id(m, f"tokenizer.ggml.{key}_token_id", vocab)
-        if i is not None:
-            out[name] = i
-    return out
+    """bos/eos/pad ids of the tokenizer metadata, each checked to be a token of the vocabulary; null when the
+    file has none (so that transformers does not take its config class's default, e.g. SmolLM3's pad 128004)."""
+    return {name: _token_id(m, f"tokenizer.ggml.{key}_token_id", vocab)
+            for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id"))}
 
 
 def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
@@ -371,7 +368,7 @@ def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
 
 def _generation_config(config: dict, special: dict) -> dict:
     """BOS and PAD as config.json has them; EOS as every id llama.cpp ends generation on (EOT, EOM, ...)."""
-    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     if special["eog"]:
         gen["eos_token_id"] = special["eog"][0] if len(special["eog"]) == 1 else special["eog"]
     return gen

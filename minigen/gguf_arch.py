@@ -175,8 +175,8 @@ def _gemma_attention_scale(m: Meta, n_layers: int, layers_27b: int) -> float:
     """llama.cpp scales scores by 1/sqrt(head_dim), except for the 27B models (by layer count), where it uses
     1/sqrt(hidden / heads): HF's query_pre_attn_scalar, which the GGUF does not carry."""
     if n_layers == layers_27b:
-        return m.int("embedding_length") / m.int("attention.head_count")
-    return float(m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count")))
+        return m.int("embedding_length") // m.int("attention.head_count")
+    return m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count"))
 
 
 def sliding_pattern(m: Meta, n_layers: int, default: int) -> list[str]:
