@@ -445,7 +445,8 @@ def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype
     try:
         if qtype == Q.F32:
             return raw.view("<f4")
-        w = quants.dequantize(raw, qtype)
+        with np.errstate(all="ignore"):  # damaged scales give NaN or inf: refused by name after, not warned about
+            w = quants.dequantize(raw, qtype)
     except Exception as e:
         raise MinigenError(f"{source}: cannot dequantise tensor {name} ({_first_line(e)})")
     return w.astype(np.float32, copy=False).reshape(rows, -1)

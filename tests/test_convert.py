@@ -248,12 +248,16 @@ def k_quant_blocks(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     scale = np.array([0.002, 0.001], np.float16).view(np.uint8)
     if qtype == Q.Q6_K:
         raw[..., -2:] = scale[:2]  # d at the end
+    elif qtype.name.startswith(("IQ", "NV")):
+        raw[..., :2] = scale[:2]  # d at the start
     else:
         raw[..., :4] = scale  # d, dmin at the start
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+# K quants, and the types llama-quantize makes only with an importance matrix (the zoo fixture of
+# test_gguf_archs.py has the others, made by llama-quantize): the plumbing, on valid random blocks
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.NVFP4])
 def test_k_quants(tmp_path, qtype):
     cfg = dict(QUANT_CFG, intermediate_size=256)
     hf = bpe_checkpoint(tmp_path, cfg)

@@ -196,3 +196,14 @@ def test_bad_gguf_as_model_leaves_no_cache(hub, tmp_path):
     assert r.exit_code == 1 and "truncated" in r.stderr and len(r.stderr.splitlines()) == 1
     cache = tmp_path / "weights" / "gguf"
     assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("form", ["gguf", "hub"])
+@pytest.mark.parametrize("command", [["attention", "Once upon a time", "--layer", "1", "--head", "2", "--token", "-1"],
+                                     ["trace", "Once upon a time", "--layer", "1", "--head", "2"]])
+def test_inspection_commands_take_every_form(hub, form, command):
+    make_hub_cache(hub, "tiny-org/llama", FIXTURES_DIR / "llama_gqa3")
+    model = str(GGUF) if form == "gguf" else "tiny-org/llama"
+    r = cli(*command, "--model", model)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip()
