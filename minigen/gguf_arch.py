@@ -80,6 +80,7 @@ class Arch:
     fixes: dict = field(default_factory=dict)  # GGUF tensor kind ("attn_q") -> fix name (FIXES below)
     norm_offset: float = 0.0              # subtracted from every norm weight (llama.cpp stored 1 + w)
     rope_dims: str = "full"               # "full": rope.dimension_count must be head_dim; "partial": may be less
+    spell: Callable = lambda cfg: cfg     # the family's own config.json names, where it has them
 
 
 class Tensors:
@@ -246,6 +247,23 @@ def _gpt_neox(m: Meta, t: Tensors) -> dict:
             "attention_bias": t.has("blk.0.attn_qkv.bias")}
 
 
+def _neox_names(cfg: dict) -> dict:
+    """Pythia's config.json spells partial rotary and the RoPE base its own way."""
+    out = dict(cfg, rotary_emb_base=cfg["rope_theta"])
+    out["rotary_pct"] = out.pop("partial_rotary_factor", 1.0)
+    return out
+
+
+def _gpt2_names(cfg: dict) -> dict:
+    """GPT-2's config.json has its own names (n_embd, n_layer, ...)."""
+    return {"architectures": cfg["architectures"], "model_type": "gpt2", "n_embd": cfg["hidden_size"],
+            "n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"],
+            "n_inner": cfg["intermediate_size"], "n_positions": cfg["max_position_embeddings"],
+            "n_ctx": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"],
+            "tie_word_embeddings": cfg["tie_word_embeddings"], "activation_function": cfg["activation_function"],
+            "layer_norm_epsilon": cfg["layer_norm_epsilon"]}
+
+
 def _smollm3(m: Meta, t: Tensors) -> dict:
     """SmolLM3: llama.cpp hard-codes NoPE on every 4th layer (n_no_rope_layer_step); the GGUF has no key for it."""
     n = m.int("block_count")
@@ -335,10 +353,11 @@ ARCHS = {
     "gemma2": Arch("gemma2", "Gemma2ForCausalLM", _gemma2, norm_offset=1.0),
     "gemma3": Arch("gemma3_text", "Gemma3ForCausalLM", _gemma3, norm_offset=1.0),
     "phi3": Arch("phi3", "Phi3ForCausalLM", _phi3, rope_dims="partial"),
-    "gpt2": Arch("gpt2", "GPT2LMHeadModel", _gpt2,
+    "gpt2": Arch("gpt2", "GPT2LMHeadModel", _gpt2, spell=_gpt2_names,
                  fixes={"attn_qkv": "conv1d", "attn_output": "conv1d", "ffn_up": "conv1d", "ffn_down": "conv1d"}),
     "olmo2": Arch("olmo2", "Olmo2ForCausalLM", _olmo2),
-    "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM", _gpt_neox, fixes={"attn_qkv": "neox_qkv"}, rope_dims="partial"),
+    "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM", _gpt_neox, fixes={"attn_qkv": "neox_qkv"}, rope_dims="partial",
+                    spell=_neox_names),
     "smollm3": Arch("smollm3", "SmolLM3ForCausalLM", _smollm3, fixes=_PERMUTED),
 }
 
@@ -351,22 +370,7 @@ def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
     rope_dims = cfg.pop("_rope_dims")
     if rope_dims != cfg["head_dim"]:
         cfg["partial_rotary_factor"] = rope_dims / cfg["head_dim"]
-    if arch.model_type == "gpt2":
-        cfg = _gpt2_names(cfg)
-    if arch.model_type == "gpt_neox":
-        cfg["rotary_pct"] = cfg.pop("partial_rotary_factor", 1.0)
-        cfg["rotary_emb_base"] = cfg["rope_theta"]
-    return cfg
-
-
-def _gpt2_names(cfg: dict) -> dict:
-    """GPT-2's config.json has its own names (n_embd, n_layer, ...)."""
-    return {"architectures": cfg["architectures"], "model_type": "gpt2", "n_embd": cfg["hidden_size"],
-            "n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"],
-            "n_inner": cfg["intermediate_size"], "n_positions": cfg["max_position_embeddings"],
-            "n_ctx": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"],
-            "tie_word_embeddings": cfg["tie_word_embeddings"], "activation_function": cfg["activation_function"],
-            "layer_norm_epsilon": cfg["layer_norm_epsilon"]}
+    return arch.spell(cfg)
 
 
 # --- tensor names, from the gguf package's table -------------------------------------------------------------
