@@ -262,7 +262,8 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
     that has no HF name, an unsupported type, more than two dimensions, or bytes past the end of the file."""
     from .families import FAMILIES
 
-    names = gguf_arch.tensor_names(arch, FAMILIES[gguf_arch.ARCHS[arch].model_type], n_layers)
+    spec = gguf_arch.ARCHS[arch]
+    names = gguf_arch.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
     size = source.stat().st_size
     tensors, extras = [], {}
     for info in infos.values():
@@ -272,9 +273,8 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
             continue
         hf = names.get(info.name)
         if hf is None:
-            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face "
-                               f"{gguf_arch.ARCHS[arch].model_type} equivalent; cannot convert")
-        spec = gguf_arch.ARCHS[arch]
+            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
+                               f"cannot convert")
         fix = spec.fixes.get(gguf_arch.kind(info.name))
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
@@ -338,8 +338,8 @@ def _rope_from_tensors(arch: str, config: dict, m: gguf_arch.Meta, extras: dict)
     if short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
         vec = lambda e: None if e is None else _read_vector(m.source, *e)  # noqa: E731
         config["rope_scaling"] = gguf_arch.longrope(vec(short), vec(long), m, rope_dims // 2)
-    for name, (info, _) in extras.items():
-        raise MinigenError(f"{m.source}: tensor {info.name} has no meaning for a {arch} model; cannot convert")
+    if extras:  # a rope factor tensor this architecture does not use
+        raise MinigenError(f"{m.source}: tensor {next(iter(extras))} has no meaning for a {arch} model; cannot convert")
 
 
 def _read_vector(source: Path, info: _Info, row_bytes: int) -> np.ndarray:
