@@ -215,11 +215,12 @@ def _hub_error(spec: str, e: Exception, cache: Path, offline: bool) -> str:
     name = type(e).__name__
     if name in ("LocalEntryNotFoundError", "IncompleteSnapshotError", "OfflineModeIsEnabled"):
         if offline:
-            return (f"{spec}: not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading; "
-                    f"unset it to fetch the model, or give a local directory or .gguf file")
-        return f"{spec}: not in the Hugging Face cache ({cache}) and the hub cannot be reached"
+            return (f"{spec}: no such local directory or file, not in the Hugging Face cache ({cache}), and "
+                    f"HF_HUB_OFFLINE=1 forbids downloading; unset it to fetch the model")
+        return (f"{spec}: no such local directory or file, not in the Hugging Face cache ({cache}), and the hub "
+                f"cannot be reached")
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
-        return f"{spec}: no such model on the Hugging Face hub (or it is private or gated)"
+        return f"{spec}: no such local directory or file, nor a model on the Hugging Face hub (or it is private or gated)"
     if name in ("EntryNotFoundError", "RemoteEntryNotFoundError", "RevisionNotFoundError"):
         return f"{spec}: no such file or revision in that hub repository"
     if name == "HFValidationError":

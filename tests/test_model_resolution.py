@@ -96,7 +96,8 @@ def test_python_load_takes_a_hub_id(hub):
 def test_hub_id_not_cached_offline_is_one_line(hub):
     r = cli("generate", "--model", "nobody/not-cached", "hi")
     assert r.exit_code == 1 and len(r.stderr.splitlines()) == 1 and "Traceback" not in r.output
-    assert r.stderr.startswith("minigen: error: nobody/not-cached: not in the Hugging Face cache")
+    assert r.stderr.startswith("minigen: error: nobody/not-cached: no such local directory or file, not in the "
+                               "Hugging Face cache")
     assert "HF_HUB_OFFLINE=1" in r.stderr
 
 
