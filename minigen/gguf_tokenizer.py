@@ -263,8 +263,8 @@ def _merges(meta: dict, tokens: list[str], source) -> list[tuple[str, str]]:
         cut = m.find(" ", 1)  # as llama.cpp splits them: at the first space after the first character
         a, b = (m[:cut], m[cut + 1:]) if cut > 0 else (m, "")
         if not (a in vocab and b in vocab and a + b in vocab):
-            raise MinigenError(f"{source}: tokenizer.ggml.merges entry {i} ({m!r}) names a token that is not in "
-                               f"tokenizer.ggml.tokens")
+            raise MinigenError(f"{source}: tokenizer.ggml.merges entry {i} ({m!r}) is not two tokens of "
+                               f"tokenizer.ggml.tokens that join into a third")
         pairs.append((a, b))
     return pairs
 
