@@ -94,6 +94,14 @@ def test_special_ids_match_llama_cpp(vocab, name):
     assert not got["eog"] or got["eog"][0] == got["eos"]  # EOS first: it becomes generation_config's first
 
 
+def test_eot_and_eom_from_the_file_end_generation(vocab):
+    meta, _ = vocab("bpe-small/gpt-2")
+    think = meta["tokenizer.ggml.tokens"].index("<think>")  # a user-defined token no text rule knows
+    ids = special_ids(dict(meta, **{"tokenizer.ggml.eom_token_id": think}))
+    assert ids["eom"] == think and think in ids["eog"]
+    assert ids["eot"] == meta["tokenizer.ggml.eot_token_id"] and ids["eot"] in ids["eog"]
+
+
 def test_every_pre_name_is_checked_against_llama_cpp():
     """refs.json holds, per name, the kind llama.cpp tokenised it as (same ids as the kind on every text)."""
     assert PRE_NAMES == REFS["pre_names"]
