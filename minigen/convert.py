@@ -350,7 +350,12 @@ def _read_vector(source: Path, info: _Info, row_bytes: int) -> np.ndarray:
 
 def _token_ids(m: gguf_arch.Meta, vocab: int) -> dict:
     """bos/eos/pad ids of the tokenizer metadata, each checked to be a token of the vocabulary; null when the
-    file has none (so that transformers does not take its config class's default, e.g. SmolLM3's pad 128004)."""
+    file has none (so that transformers does not take its config class's default, e.g. SmolLM3's pad 128004).
+    A vocabulary longer than the embedding (ids the model has no row for) is refused."""
+    n_tokens = len(m.raw.get("tokenizer.ggml.tokens") or [])
+    if n_tokens > vocab:
+        raise MinigenError(f"{m.source}: metadata key tokenizer.ggml.tokens has {n_tokens} tokens, more than the "
+                           f"{vocab} rows of token_embd.weight")
     return {name: _token_id(m, f"tokenizer.ggml.{key}_token_id", vocab)
             for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id"))}
 

@@ -18,6 +18,12 @@ Special tokens: control (type 3) and unknown (type 2) tokens become special adde
 parsing on (its default in llama-tokenize; minigen encodes chat templates that way). llama.cpp also treats some
 tokens as control by their text (`<|im_end|>`, `<end_of_turn>`, ...) and stops generation on them: the same
 text tables are here, and `special_ids(meta)["eog"]` is the list generation should stop on.
+
+Where a tokenizer.json cannot say what llama.cpp does (checked by scripts/check_vocab_ggufs.py, which finds no
+difference on llama.cpp's own vocab files): SentencePiece tokens of *equal* score are merged leftmost first by
+llama.cpp, while merge ranks order them by id here (files whose scores are all equal, which convert_hf_to_gguf
+writes for a Llama without tokenizer.model, tokenise differently); llama.cpp matches special tokens longest
+first over the whole text, `tokenizers` leftmost-longest (they differ only for overlapping special tokens).
 """
 from __future__ import annotations
 
@@ -263,8 +269,8 @@ def _merges(meta: dict, tokens: list[str], source) -> list[tuple[str, str]]:
         cut = m.find(" ", 1)  # as llama.cpp splits them: at the first space after the first character
         a, b = (m[:cut], m[cut + 1:]) if cut > 0 else (m, "")
         if not (a in vocab and b in vocab and a + b in vocab):
-            raise MinigenError(f"{source}: tokenizer.ggml.merges entry {i} ({m!r}) names a token that is not in "
-                               f"tokenizer.ggml.tokens")
+            raise MinigenError(f"{source}: tokenizer.ggml.merges entry {i} ({m!r}) is not two tokens of "
+                               f"tokenizer.ggml.tokens that join into a third")
         pairs.append((a, b))
     return pairs
 
@@ -320,9 +326,7 @@ def _sentencepiece(v: Vocab):
 
 def _score_merges(v: Vocab) -> list[tuple[str, str]]:
     """Every split of a token into two tokens, best score first: the order llama.cpp's SPM merges in.
-
-    (Tokens of equal score are ordered by id; llama.cpp takes the leftmost pair then, which a merge rank cannot say.)
-    """
+    Tokens of equal score are ordered by id (llama.cpp takes the leftmost pair then; a merge rank cannot say so)."""
     vocab = set(v.tokens)
     ranked = []
     for i, token in enumerate(v.tokens):

