@@ -1,9 +1,28 @@
-"""Loading a checkpoint directory: config.json, the weights, generation_config.json -> a Model, and
-the tokenizer files -> a Tokenizer. `minigen.load(path)` returns both, as mlx-lm's `load` does.
+"""Loading a checkpoint, named the three ways people have one: a Hugging Face checkpoint directory, a GGUF
+file, or a hub id. `resolve(spec)` turns any of them into a directory (converting a GGUF once into a cache,
+fetching a hub id through the Hugging Face cache); `minigen.load(spec)` returns (model, tokenizer) from it,
+as mlx-lm's `load` does. Every command's --model goes through `resolve`.
+
+    weights/smollm2-135m-instruct           a directory: config.json, *.safetensors, tokenizer files
+    SmolLM2-135M-Instruct.Q4_1.gguf         a GGUF: converted (float32) into <weights dir>/gguf/<name>-<key>/ on
+                                            first use, where key hashes the file's path, size and mtime (a changed
+                                            file converts again; the stale conversion is removed)
+    HuggingFaceTB/SmolLM2-360M-Instruct     a hub id: the files minigen reads, from the Hugging Face cache, fetched
+                                            into it when the network is allowed (HF_HUB_OFFLINE=1: cache only)
+    org/name/file.gguf                      a GGUF file of a hub repository: fetched, then as a GGUF
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .config import load_config
 from .errors import MinigenError, read_json_object
@@ -12,18 +31,32 @@ from .model import Model
 from .tokenizer import Tokenizer
 from .weights import load_params
 
+# what minigen reads from a hub repository (model-*.safetensors: shards; not consolidated.safetensors duplicates)
+HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "chat_template.jinja", "model.safetensors", "model.safetensors.index.json",
+             "model-*.safetensors"]
+CONVERTER_VERSION = 2  # part of a GGUF's cache key: a conversion made by an older converter is redone
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w./-]+\.gguf)?")
 
-def load(path: str | Path) -> tuple[Model, Tokenizer]:
-    """(model, tokenizer) of a Hugging Face checkpoint directory; MinigenError naming the file at fault."""
-    path = Path(path)
-    if not path.is_dir():
-        raise MinigenError(f"{path}: no such checkpoint directory")
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a --model value named, and the directory minigen loads for it."""
+    path: Path
+    kind: str      # "directory" | "gguf" | "hub" | "hub-gguf" | "default"
+    origin: str    # one line for `minigen info`: where it came from
+
+
+def load(spec: str | Path | None = None) -> tuple[Model, Tokenizer]:
+    """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id (None: the default model);
+    MinigenError naming the file at fault."""
+    path = resolve(spec).path
     tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
     return load_model(path), tokenizer
 
 
 def load_model(path: str | Path) -> Model:
-    """The Model alone: config, float32 weights, generation config."""
+    """The Model alone, from a checkpoint directory: config, float32 weights, generation config."""
     path = Path(path)
     cfg = load_config(path)
     params = load_params(path, cfg, FAMILIES[cfg.model_type])
@@ -33,3 +66,162 @@ def load_model(path: str | Path) -> Model:
 def generation_config(path: Path) -> dict:
     file = path / "generation_config.json"
     return read_json_object(file) if file.is_file() else {}
+
+
+# --- resolving --model ----------------------------------------------------------------------------------
+
+def resolve(spec: str | Path | None, note: Callable[[str], None] | None = None, progress: bool | None = None) -> Resolved:
+    """The checkpoint directory `spec` names. `note` receives one-line messages about slow work (a
+    conversion, a download; default: printed to stderr); `progress` shows a conversion's progress bar
+    (default: when stderr is a terminal)."""
+    note = note or _stderr
+    progress = sys.stderr.isatty() if progress is None else progress
+    if spec is None:
+        from .default_model import default_model_path
+        path = default_model_path()  # shows progress when stderr is a terminal
+        return Resolved(path, "default", f"the default model, {path}")
+    path = Path(spec)
+    if path.is_dir():
+        return Resolved(path, "directory", f"checkpoint directory {path}")
+    if path.is_file():
+        if not _is_gguf(path):
+            raise MinigenError(f"{path}: not a checkpoint directory or a GGUF file")
+        out = gguf_checkpoint(path, note, progress)
+        return Resolved(out, "gguf", f"GGUF file {path}, converted (float32) into {out}")
+    if _HUB_ID.fullmatch(str(spec)) and not str(spec).startswith(("./", "../")):
+        return _hub(str(spec), note, progress)
+    raise MinigenError(f"{spec}: no such checkpoint directory or GGUF file (nor a hub id like org/name)")
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as e:
+        raise MinigenError(f"{path}: cannot read it ({e.strerror or e})")
+
+
+def _stderr(message: str) -> None:
+    print(f"minigen: {message}", file=sys.stderr, flush=True)
+
+
+# --- GGUF files: converted once into a cache ----------------------------------------------------------------
+
+def gguf_cache_dir() -> Path:
+    """Where converted GGUFs live: <weights dir>/gguf (see default_model.weights_dir; MINIGEN_WEIGHTS moves it)."""
+    from .default_model import weights_dir
+    return weights_dir() / "gguf"
+
+
+def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -> Path:
+    """The converted checkpoint of a GGUF file, converting it on first use (and after the file changes)."""
+    from .convert import convert_gguf, read_plan
+    from .default_model import is_converted
+
+    identity = _identity(source)
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    out = gguf_cache_dir() / f"{_slug(source.stem)}-{key}"
+    if is_converted(out):
+        return out
+    plan = read_plan(source)  # a damaged file fails here, before anything is announced or written
+    note(f"converting {source.name} into {out} (float32, done once for this file)")
+    start = time.perf_counter()
+    try:
+        result = convert_gguf(source, out, "float32", progress, plan=plan,
+                              extra_files={"minigen-source.json": json.dumps(identity, indent=2) + "\n"})
+    except MinigenError:
+        if is_converted(out):  # another process converted it at the same time: use theirs
+            return out
+        raise
+    note(f"converted in {time.perf_counter() - start:.1f} s ({result.nbytes / 1e6:.0f} MB)")
+    _remove_stale(out, identity["path"], note)
+    return out
+
+
+def _identity(source: Path) -> dict:
+    st = source.stat()
+    return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "converter": CONVERTER_VERSION}
+
+
+def _slug(stem: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", stem)[:80] or "model"
+
+
+def _remove_stale(keep: Path, source_path: str, note: Callable[[str], None]) -> None:
+    """Conversions of earlier versions of the same file: they would never be used again."""
+    for d in keep.parent.iterdir():
+        marker = d / "minigen-source.json"
+        if d == keep or not marker.is_file():
+            continue
+        try:
+            stale = json.loads(marker.read_text(encoding="utf-8")).get("path") == source_path
+        except (OSError, ValueError, AttributeError):
+            continue
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+            note(f"removed {d}, the conversion of an earlier version of that file")
+
+
+# --- hub ids: the Hugging Face cache -------------------------------------------------------------------------
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache, as huggingface_hub finds it (read here, at call time, not at its import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                     "huggingface")
+    return Path(home) / "hub"
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub(spec: str, note: Callable[[str], None], progress: bool) -> Resolved:
+    """org/name -> its snapshot in the HF cache; org/name/file.gguf -> that file, then converted."""
+    parts = spec.split("/")
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:]) or None
+    cache, offline = hub_cache_dir(), hub_offline()
+    where = f"the Hugging Face cache {cache}"
+    try:
+        from huggingface_hub import hf_hub_download, snapshot_download
+        if filename:
+            file = Path(hf_hub_download(repo, filename, cache_dir=cache, local_files_only=offline))
+        else:
+            if not offline and not _cached(cache, repo):
+                note(f"fetching {repo} from the Hugging Face hub into {cache}")
+            path = Path(snapshot_download(repo, cache_dir=cache, local_files_only=offline, allow_patterns=HUB_FILES))
+    except Exception as e:  # huggingface_hub's errors: not cached, no network, no such repo, gated...
+        raise MinigenError(_hub_error(spec, e, cache, offline)) from None
+    if filename:
+        out = gguf_checkpoint(file, note, progress)
+        return Resolved(out, "hub-gguf", f"hub file {spec} ({where}), converted (float32) into {out}")
+    if not (path / "config.json").is_file():
+        raise MinigenError(f"{spec}: the hub snapshot {path} has no config.json (incomplete in {where}"
+                           f"{', and HF_HUB_OFFLINE=1 forbids fetching the rest' if offline else ''})")
+    revision = path.name[:12]
+    return Resolved(path, "hub", f"hub id {spec}, revision {revision}, from {where}"
+                                 f"{' (offline)' if offline else ''}")
+
+
+def _cached(cache: Path, repo: str) -> bool:
+    return (cache / f"models--{repo.replace('/', '--')}" / "snapshots").is_dir()
+
+
+def _hub_error(spec: str, e: Exception, cache: Path, offline: bool) -> str:
+    name = type(e).__name__
+    if name in ("LocalEntryNotFoundError", "IncompleteSnapshotError", "OfflineModeIsEnabled"):
+        if offline:
+            return (f"{spec}: no such local directory or file, not in the Hugging Face cache ({cache}), and "
+                    f"HF_HUB_OFFLINE=1 forbids downloading; unset it to fetch the model")
+        return (f"{spec}: no such local directory or file, not in the Hugging Face cache ({cache}), and the hub "
+                f"cannot be reached")
+    if name in ("RepositoryNotFoundError", "GatedRepoError"):
+        return f"{spec}: no such local directory or file, nor a model on the Hugging Face hub (or it is private or gated)"
+    if name in ("EntryNotFoundError", "RemoteEntryNotFoundError", "RevisionNotFoundError"):
+        return f"{spec}: no such file or revision in that hub repository"
+    if name == "HFValidationError":
+        return f"{spec}: no such checkpoint directory or GGUF file, and not a valid hub id"
+    first = (str(e).strip().splitlines() or [name])[0]
+    return f"{spec}: cannot fetch it from the Hugging Face hub ({name}: {first})"

@@ -41,16 +41,23 @@ def stdin_is_terminal() -> bool:
 
 # --- generate, info (issue 3) ---------------------------------------------------------------
 
+MODEL_HELP = "A checkpoint directory, a .gguf file or a hub id (org/name); default: the default model."
+
+
 def load_model(path):
-    """The model at --model, or the default model; returns (model, tokenizer, load seconds)."""
+    """--model (a directory, a .gguf file or a hub id; None: the default model) -> (model, tokenizer, load
+    seconds); a GGUF's first conversion or a download is announced on stderr and not counted as loading."""
+    return resolve_and_load(path)[:3]
+
+
+def resolve_and_load(path):
+    """load_model's (model, tokenizer, load seconds), and the checkpoint.Resolved saying what --model named."""
     import time
-    from .checkpoint import load
-    if path is None:
-        from .default_model import default_model_path
-        path = default_model_path()
+    from .checkpoint import load, resolve
+    resolved = resolve(path)
     start = time.perf_counter()
-    model, tokenizer = load(path)
-    return model, tokenizer, time.perf_counter() - start
+    model, tokenizer = load(resolved.path)
+    return model, tokenizer, time.perf_counter() - start, resolved
 
 
 def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) -> str:
@@ -141,7 +148,7 @@ def generation_options(command):
 
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
+@click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)
 @click.option("-p", "--prompt", "prompt_opt", help="The prompt; - reads it from stdin.")
 @click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
 @generation_options
@@ -165,13 +172,14 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
 
 
 @main.command()
-@click.option("--model", "model_path", type=click.Path(), help="Checkpoint directory (default: the default model).")
+@click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)
 def info(model_path):
-    """What a checkpoint is: architecture, size, dims, heads, context, tokenizer."""
-    model, tok, _ = load_model(model_path)
+    """What a checkpoint is (and what --model resolved to): architecture, size, dims, heads, context, tokenizer."""
+    model, tok, _, resolved = resolve_and_load(model_path)
     c = model.config
     arch = ", ".join(c.raw.get("architectures") or []) or "-"
     rows = [
+        ("model", resolved.origin),
         ("path", str(model.path)),
         ("architecture", f"{c.model_type} ({arch})"),
         ("parameters", f"{model.n_params:,} ({model.n_params / 1e6:.1f} M)"),
@@ -327,10 +335,12 @@ def print_reply(reply, load_seconds: float, quiet: bool, verbose: bool):
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Data type of the written weights.")
 def convert(source, out_dir, dtype):
-    """Convert a Llama GGUF file (SOURCE) into a Hugging Face checkpoint directory (OUT_DIR).
+    """Convert a GGUF file (SOURCE) into a Hugging Face checkpoint directory (OUT_DIR).
 
-    Tensors are dequantised (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants), the tokenizer is rebuilt
-    as tokenizer.json, and OUT_DIR appears only when the conversion is complete.
+    Architectures: llama (also Mistral, SmolLM), qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2,
+    gptneox, smollm3. Tensors are dequantised (every type the gguf package reads: F32, F16, BF16, Q4_0 ... Q8_0,
+    the K and I quants, ...), llama.cpp's changes to them undone, the tokenizer rebuilt as tokenizer.json, and
+    OUT_DIR appears only when the conversion is complete.
     """
     import time
 
@@ -417,8 +427,7 @@ def _shared(f):
     """--model, --chat and --json, which every command on a prompt takes."""
     f = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (fields: README).")(f)
     f = click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")(f)
-    return click.option("--model", "model_path", metavar="PATH",
-                        help="Checkpoint directory (default: the default model).")(f)
+    return click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)(f)
 
 
 def _usage(**conflicts):

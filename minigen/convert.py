@@ -1,9 +1,15 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Only the `llama` architecture with a BPE (`gpt2`) vocabulary is supported. The steps:
-  1. read the metadata (`llama.*`, `tokenizer.ggml.*`) and check everything is supported before writing anything;
-  2. dequantise each tensor with the `gguf` package, rename it to its HF name, and undo llama.cpp's Q/K row
-     permutation (its converter interleaves the two RoPE halves of every head; HF keeps them split);
+Every GGUF architecture whose family minigen runs (gguf_arch.ARCHS: llama, qwen2, qwen3, gemma, gemma2, gemma3,
+phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package dequantises. The steps:
+  1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
+     the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
+     and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
+  2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
+     (gguf_arch: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
+     finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
+     reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
+     The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
   3. write it all into a temporary directory next to OUT_DIR and rename that into place only when complete.
 """
 from __future__ import annotations
@@ -11,40 +17,20 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from . import gguf_arch
 from .errors import MinigenError
 from .files import atomic_dir
+from .gguf_tokenizer import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors header names
-
-# GGUF tensor name -> HF name, per layer where `{}` is the block index. Anything else fails loudly.
-_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-# Quantisation types we hand to gguf.quants.dequantize (those it implements among these; checked at run time).
-_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+_CHUNK = 1 << 22  # elements per block of rows streamed through dequantisation (16 MB of float32)
+_EXTRAS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")  # read into config.json
 
 
 @dataclass
@@ -55,347 +41,464 @@ class Result:
     nbytes: int  # size of model.safetensors
 
 
-def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True) -> Result:
-    """Convert SOURCE (a llama GGUF) into OUT_DIR, which must not exist or be empty."""
+@dataclass
+class _Tensor:
+    """One GGUF tensor and where it goes."""
+    gguf_name: str
+    name: str           # HF name
+    qtype: object       # gguf.GGMLQuantizationType
+    rows: int           # GGUF rows (1 for a vector) of `cols` values each
+    cols: int
+    offset: int         # absolute byte offset in the GGUF file
+    row_bytes: int
+    shape: tuple        # HF shape
+    fix: str | None = None     # gguf_arch.apply_fix on the whole tensor
+    offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+
+@dataclass
+class Plan:
+    """Everything a conversion writes, checked: config.json, generation_config.json, tokenizer files, tensors."""
+    source: Path
+    arch: str
+    config: dict
+    generation: dict
+    tokenizer_files: dict
+    tensors: list = field(default_factory=list)
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.size for t in self.tensors)
+
+
+def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True,
+                 extra_files: dict[str, str] | None = None, plan: Plan | None = None) -> Result:
+    """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty; `extra_files` ({name: text})
+    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already."""
     source, out_dir = Path(source), Path(out_dir)
     if dtype not in DTYPES:
         raise MinigenError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise MinigenError(f"{out_dir}: already exists and is not an empty directory; choose a new OUT_DIR")
-    reader = _open(source)
-    meta = _metadata(reader, source)
-    plan = _plan(reader, meta, source)
-    config = _config(meta, plan, source, dtype)
-    tok_files = _tokenizer_files(meta, source)
+    plan = plan or read_plan(source)
+    config = dict(plan.config, torch_dtype=dtype, dtype=dtype)
     with atomic_dir(out_dir) as tmp:
-        nbytes = _write_safetensors(tmp / "model.safetensors", plan, config, dtype, progress, source)
+        nbytes = _write_safetensors(tmp / "model.safetensors", plan, dtype, progress)
         _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", _generation_config(config))
-        for name, text in tok_files.items():
+        _write_json(tmp / "generation_config.json", plan.generation)
+        for name, text in {**plan.tokenizer_files, **(extra_files or {})}.items():
             (tmp / name).write_text(text, encoding="utf-8")
-    n_params = sum(int(np.prod(p.shape)) for p in plan)
-    return Result(out_dir, len(plan), n_params, nbytes)
+    return Result(out_dir, len(plan.tensors), plan.n_params, nbytes)
+
+
+def read_plan(source: str | Path) -> Plan:
+    """Read and check a GGUF's metadata and tensor directory (no tensor data): what converting it would write."""
+    source = Path(source)
+    meta, infos = _read_header(source)
+    arch = meta.get("general.architecture")
+    if arch not in gguf_arch.ARCHS:
+        known = ", ".join(sorted(gguf_arch.ARCHS))
+        raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts {known})")
+    m = gguf_arch.Meta(meta, arch, source)
+    n_layers = _check_layers(m, infos)
+    tensors, extras = _map_tensors(arch, infos, n_layers, source)
+    config = _config(arch, m, infos, extras)
+    _check_against_minigen(arch, config, tensors, source)
+    return Plan(source, arch, config, _generation_config(config, special_ids(meta, source)),
+                tokenizer_files(meta, source), tensors)
 
 
 # --- reading -----------------------------------------------------------------------------------
+#
+# Our own reader of the GGUF header (magic, version, counts, key/value metadata, tensor directory) rather than
+# gguf.GGUFReader: that one builds an object per vocabulary entry (3 s for SmolLM2's 49k tokens and merges, ~10 s
+# for Qwen's 151k), and on a damaged file it cannot say which key was being read. Tensor data is not touched here.
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+            12: "<f8"}  # GGUF value types; 7 is bool, 8 string, 9 array
+_STRING, _ARRAY, _BOOL = 8, 9, 7
 
 
-def _open(source: Path):
-    import gguf
+@dataclass(frozen=True)
+class _Info:
+    name: str
+    qtype: object      # gguf.GGMLQuantizationType
+    dims: tuple        # GGUF order: innermost (columns) first
+    offset: int        # absolute, in the file
+
+
+def _read_header(source: Path) -> tuple[dict, dict[str, _Info]]:
+    """(metadata {key: value}, tensor directory {name: _Info}) of a GGUF file."""
+    import mmap
 
     if not source.is_file():
         raise MinigenError(f"{source}: no such file")
-    with open(source, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise MinigenError(f"{source}: not a GGUF file (it does not start with the GGUF magic)")
     try:
-        return gguf.GGUFReader(source, "r")
-    except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on damaged files
-        raise MinigenError(f"{source}: damaged or truncated GGUF file ({_first_line(e)})")
+        with open(source, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise MinigenError(f"{source}: not a GGUF file (it does not start with the GGUF magic)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _Header(mm, source).read()
+    except OSError as e:
+        raise MinigenError(f"{source}: cannot read it ({e.strerror or e})")
 
 
-def _metadata(reader, source: Path) -> dict:
-    """Every key/value field as plain Python values (strings decoded, arrays as lists)."""
-    from gguf import GGUFValueType
+class _Header:
+    """A cursor over the header bytes; every read checks it stays inside the file and names what it was reading."""
 
-    meta = {}
-    for key, field in reader.fields.items():
+    def __init__(self, buf, source: Path):
+        self.buf, self.pos, self.source, self.what = buf, 4, source, "the header"
+
+    def read(self) -> tuple[dict, dict]:
+        version = self.scalar("<u4")
+        if version not in (2, 3):
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if swapped in (2, 3):
+                raise MinigenError(f"{self.source}: a big-endian GGUF file; minigen reads little-endian ones")
+            raise MinigenError(f"{self.source}: GGUF version {version} is not supported (minigen reads 2 and 3)")
+        n_tensors, n_kv = self.scalar("<u8"), self.scalar("<u8")
+        self.fits(n_kv * 13 + n_tensors * 24, f"{n_kv} metadata keys and {n_tensors} tensors")
+        meta = {}
+        for i in range(n_kv):
+            self.what = f"metadata key #{i}"
+            key = self.string()
+            self.what = f"metadata key {key}"
+            if key in meta:
+                self.fail("appears twice")
+            meta[key] = self.value(self.scalar("<u4"))
+        infos = [self.tensor_info(i) for i in range(n_tensors)]
+        align = meta.get("general.alignment", 32)
+        if not (isinstance(align, int) and 0 < align <= 1 << 20 and align & (align - 1) == 0):
+            raise MinigenError(f"{self.source}: metadata key general.alignment should be a power of two, got {align!r}")
+        data = self.pos + (-self.pos % align)
+        out = {}
+        for name, qtype, dims, offset in infos:
+            if name in out:
+                raise MinigenError(f"{self.source}: tensor {name} appears twice")
+            out[name] = _Info(name, qtype, dims, data + offset)
+        return meta, out
+
+    def tensor_info(self, i: int):
+        from gguf import GGMLQuantizationType
+
+        self.what = f"tensor #{i}"
+        name = self.string()
+        self.what = f"tensor {name}"
+        n_dims = self.scalar("<u4")
+        if not 1 <= n_dims <= 4:
+            self.fail(f"has {n_dims} dimensions")
+        dims = tuple(self.scalar("<u8") for _ in range(n_dims))
+        kind, offset = self.scalar("<u4"), self.scalar("<u8")
         try:
-            kind = field.types[0]
-            if kind == GGUFValueType.ARRAY:
-                if field.types[-1] == GGUFValueType.STRING:
-                    meta[key] = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-                else:
-                    meta[key] = [field.parts[i][0].item() for i in field.data]
-            elif kind == GGUFValueType.STRING:
-                meta[key] = bytes(field.parts[field.data[0]]).decode("utf-8")
-            else:
-                meta[key] = field.parts[field.data[0]][0].item()
-        except (IndexError, UnicodeDecodeError) as e:
-            raise MinigenError(f"{source}: metadata field {key} cannot be read ({_first_line(e)})")
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts 'llama' GGUFs only)")
-    return meta
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            self.fail(f"has an unknown tensor type {kind}")
+        return name, qtype, dims, offset
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.scalar("<u4"), self.scalar("<u8")
+            if item == _STRING:
+                self.fits(count * 8, f"an array of {count} strings")
+                return [self.string() for _ in range(count)]
+            if item not in _SCALARS:
+                self.fail(f"is an array of unknown value type {item}")
+            dtype = np.dtype(_SCALARS[item])
+            self.fits(count * dtype.itemsize, f"an array of {count} values")
+            values = np.frombuffer(self.buf, dtype, count, self.pos)
+            self.pos += count * dtype.itemsize
+            return [bool(v) for v in values] if item == _BOOL else values.tolist()
+        if kind not in _SCALARS:
+            self.fail(f"has an unknown value type {kind}")
+        v = self.scalar(_SCALARS[kind])
+        return bool(v) if kind == _BOOL else v
+
+    def scalar(self, fmt: str):
+        dtype = np.dtype(fmt)
+        self.fits(dtype.itemsize, "a value")
+        v = np.frombuffer(self.buf, dtype, 1, self.pos)[0].item()
+        self.pos += dtype.itemsize
+        return v
+
+    def string(self) -> str:
+        n = self.scalar("<u8")
+        self.fits(n, f"a string of {n} bytes")
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail("holds a string that is not UTF-8")
+
+    def fits(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise MinigenError(f"{self.source}: truncated or damaged file: {self.what} says {what}, past the end "
+                               f"of the file")
+
+    def fail(self, why: str):
+        raise MinigenError(f"{self.source}: {self.what} {why}")
 
 
-@dataclass
-class _Tensor:
-    name: str  # HF name
-    gguf: object  # gguf.ReaderTensor
-    shape: tuple  # HF shape, (out, in) for matrices
-    unpermute_heads: int  # 0, or the head count whose RoPE permutation to undo
+def _check_layers(m: gguf_arch.Meta, infos: dict) -> int:
+    """block_count must match the blk.N tensors: checked before anything loops over layers."""
+    n = m.int("block_count")
+    blocks = {int(b) for b in (re.match(r"blk\.(\d+)\.", name) for name in infos) if b for b in [b.group(1)]}
+    have = max(blocks) + 1 if blocks else 0
+    if n != have or len(blocks) != have:
+        m.fail("block_count", f"says {n} layers, but the file has tensors for {len(blocks)} "
+                              f"(blk.0 to blk.{have - 1})" if blocks else f"says {n} layers, but the file has no "
+                                                                          f"blk.N tensors")
+    return n
 
 
-def _plan(reader, meta: dict, source: Path) -> list[_Tensor]:
-    """Map every GGUF tensor to its HF name and shape; fail on any we do not know or cannot dequantise."""
-    from gguf import GGMLQuantizationType, quants
+def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[list[_Tensor], dict]:
+    """Each GGUF tensor -> its HF name and shape; the rope factor tensors aside. Fails naming the first tensor
+    that has no HF name, an unsupported type, more than two dimensions, or bytes past the end of the file."""
+    from .families import FAMILIES
 
-    supported = {q for q in _QUANTS if hasattr(GGMLQuantizationType, q)}
-    supported = {q for q in supported if q in ("F32", "F16") or GGMLQuantizationType[q] in quants._type_traits}
-    n_head = _int(meta, "llama.attention.head_count", source)
-    n_kv = meta.get("llama.attention.head_count_kv", n_head)
-    plan = []
-    for t in reader.tensors:
-        name = _hf_name(t.name, source)
-        qtype = t.tensor_type.name
-        if qtype not in supported:
-            raise MinigenError(f"{source}: tensor {t.name} has quantisation type {qtype}, which is not supported "
-                               f"(supported: {', '.join(sorted(supported))})")
-        if t.data.nbytes != t.n_bytes:
-            raise MinigenError(f"{source}: truncated file: tensor {t.name} has {t.data.nbytes} of {t.n_bytes} bytes")
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
-        heads = n_head if "attn_q." in t.name else n_kv if "attn_k." in t.name else 0
-        plan.append(_Tensor(name, t, shape, heads))
-    return plan
-
-
-def _hf_name(name: str, source: Path) -> str:
-    if name in _NAMES:
-        return _NAMES[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    if name == "rope_freqs.weight":
-        raise MinigenError(f"{source}: tensor rope_freqs.weight (Llama 3.1-style RoPE scaling) is not supported")
-    raise MinigenError(f"{source}: tensor {name} has no Hugging Face Llama equivalent; cannot convert")
+    spec = gguf_arch.ARCHS[arch]
+    names = gguf_arch.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
+    size = source.stat().st_size
+    tensors, extras = [], {}
+    for info in infos.values():
+        row_bytes, rows, cols = _layout(info, size, source)
+        if info.name in _EXTRAS:
+            extras[info.name] = (info, row_bytes)
+            continue
+        hf = names.get(info.name)
+        if hf is None:
+            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
+                               f"cannot convert")
+        fix = spec.fixes.get(gguf_arch.kind(info.name))
+        if fix == "conv1d" and len(info.dims) == 1:
+            fix = None  # GPT-2's biases are not transposed
+        shape = (cols,) if len(info.dims) == 1 else gguf_arch.fixed_shape(fix, (rows, cols))
+        norm = spec.norm_offset if info.name.endswith("norm.weight") else 0.0
+        tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
+    return tensors, extras
 
 
-def _dequantise(t: _Tensor) -> np.ndarray:
-    from gguf import quants
+def _layout(info: _Info, file_size: int, source: Path) -> tuple[int, int, int]:
+    """(bytes per row, rows, columns) of a tensor, after checking its type, rank and extent."""
+    import gguf
 
-    w = quants.dequantize(t.gguf.data, t.gguf.tensor_type).reshape(t.shape).astype(np.float32, copy=False)
-    return _unpermute(w, t.unpermute_heads) if t.unpermute_heads else w
+    qtype = info.qtype
+    if qtype not in _supported_types():
+        names = ", ".join(t.name for t in sorted(_supported_types(), key=lambda t: t.value))
+        raise MinigenError(f"{source}: tensor {info.name} has quantisation type {qtype.name}, which is not supported "
+                           f"(supported: {names})")
+    if not 1 <= len(info.dims) <= 2 or any(d < 1 for d in info.dims):
+        raise MinigenError(f"{source}: tensor {info.name} has shape {list(info.dims)}; minigen converts vectors "
+                           f"and matrices")
+    cols, rows = info.dims[0], (info.dims[1] if len(info.dims) == 2 else 1)
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise MinigenError(f"{source}: tensor {info.name} has rows of {cols} values, not a whole number of "
+                           f"{qtype.name} blocks of {block}")
+    row_bytes = cols // block * type_size
+    if info.offset + rows * row_bytes > file_size:
+        raise MinigenError(f"{source}: truncated file: tensor {info.name} runs past the end of the file")
+    return row_bytes, rows, cols
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's convert_hf_to_gguf `permute`: per head, interleaved RoPE pairs -> HF's two halves."""
-    rows = w.shape[0]
-    rest = w.shape[1:]
-    # (n_head, head_dim/2, 2, in) -> (n_head, 2, head_dim/2, in)
-    return w.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+def _supported_types() -> set:
+    """F32, F16 and every type gguf.quants can dequantise (BF16, Q4_0 ... Q8_0, the K and I quants, ...)."""
+    from gguf import GGMLQuantizationType as Q, quants
+
+    return {Q.F32, Q.F16} | set(quants._type_traits)
 
 
 # --- config ------------------------------------------------------------------------------------
 
 
-def _config(meta: dict, plan: list[_Tensor], source: Path, dtype: str) -> dict:
-    hidden = _int(meta, "llama.embedding_length", source)
-    n_head = _int(meta, "llama.attention.head_count", source)
-    n_kv = meta.get("llama.attention.head_count_kv", n_head)
-    if not isinstance(n_kv, int):
-        raise MinigenError(f"{source}: per-layer KV head counts (llama.attention.head_count_kv) are not supported")
-    head_dim = meta.get("llama.attention.key_length", hidden // n_head)
-    rope_dim = meta.get("llama.rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
-        raise MinigenError(f"{source}: partial rotary embeddings (llama.rope.dimension_count {rope_dim} != "
-                           f"head dim {head_dim}) are not supported")
-    names = {t.name: t for t in plan}
-    embed = names.get("model.embed_tokens.weight")
-    if embed is None:
-        raise MinigenError(f"{source}: no token_embd.weight tensor")
-    vocab = meta.get("llama.vocab_size", embed.shape[0])
-    tied = "lm_head.weight" not in names
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": _int(meta, "llama.feed_forward_length", source),
-        "num_hidden_layers": _int(meta, "llama.block_count", source),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": _f32(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": _f32(meta.get("llama.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(meta, source),
-        "max_position_embeddings": meta.get("llama.context_length", 2048),
-        "vocab_size": vocab,
-        "tie_word_embeddings": tied,
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in names,
-        "mlp_bias": False,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-    }
-    for key in ("bos", "eos", "padding"):
-        if f"tokenizer.ggml.{key}_token_id" in meta:
-            config[f"{'pad' if key == 'padding' else key}_token_id"] = meta[f"tokenizer.ggml.{key}_token_id"]
-    _check_shapes(config, names, source)
+def _config(arch: str, m: gguf_arch.Meta, infos: dict, extras: dict) -> dict:
+    shapes = {name: info.dims for name, info in infos.items()}
+    config = gguf_arch.family_config(arch, m, gguf_arch.Tensors(shapes))
+    _rope_from_tensors(arch, config, m, extras)
+    config.update(_token_ids(m, config["vocab_size"]))
     return config
 
 
-def _rope_scaling(meta: dict, source: Path):
-    kind = meta.get("llama.rope.scaling.type", "none")
-    if kind == "none":
+def _rope_from_tensors(arch: str, config: dict, m: gguf_arch.Meta, extras: dict) -> None:
+    """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling."""
+    head_dim = config.get("head_dim")
+    rope_dims = int(round(head_dim * config.get("partial_rotary_factor", 1.0))) if head_dim else 0
+    if "rope_freqs.weight" in extras:
+        factors = _read_vector(m.source, *extras.pop("rope_freqs.weight"))
+        if config.get("rope_scaling"):
+            raise MinigenError(f"{m.source}: both rope_freqs.weight and rope.scaling.type; cannot tell which applies")
+        config["rope_scaling"] = gguf_arch.llama3_rope(factors, config["rope_theta"], rope_dims, m.source)
+    short, long = extras.pop("rope_factors_short.weight", None), extras.pop("rope_factors_long.weight", None)
+    if short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
+        vec = lambda e: None if e is None else _read_vector(m.source, *e)  # noqa: E731
+        config["rope_scaling"] = gguf_arch.longrope(vec(short), vec(long), m, rope_dims // 2)
+    if extras:  # a rope factor tensor this architecture does not use
+        raise MinigenError(f"{m.source}: tensor {next(iter(extras))} has no meaning for a {arch} model; cannot convert")
+
+
+def _read_vector(source: Path, info: _Info, row_bytes: int) -> np.ndarray:
+    if len(info.dims) != 1:
+        raise MinigenError(f"{source}: tensor {info.name} should be a vector, has shape {list(info.dims)}")
+    return _dequantise_rows(source, info.offset, row_bytes, 1, info.qtype, info.name).reshape(-1)
+
+
+def _token_ids(m: gguf_arch.Meta, vocab: int) -> dict:
+    """bos/eos/pad ids of the tokenizer metadata, each checked to be a token of the vocabulary; null when the
+    file has none (so that transformers does not take its config class's default, e.g. SmolLM3's pad 128004).
+    A vocabulary longer than the embedding (ids the model has no row for) is refused."""
+    n_tokens = len(m.raw.get("tokenizer.ggml.tokens") or [])
+    if n_tokens > vocab:
+        raise MinigenError(f"{m.source}: metadata key tokenizer.ggml.tokens has {n_tokens} tokens, more than the "
+                           f"{vocab} rows of token_embd.weight")
+    return {name: _token_id(m, f"tokenizer.ggml.{key}_token_id", vocab)
+            for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id"))}
+
+
+def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
+    i = m.raw.get(key)
+    if i is None:
         return None
-    if kind == "linear":
-        return {"rope_type": "linear", "type": "linear", "factor": _f32(meta["llama.rope.scaling.factor"])}
-    raise MinigenError(f"{source}: RoPE scaling type {kind!r} is not supported (only none and linear)")
+    n_tokens = len(m.raw.get("tokenizer.ggml.tokens") or []) or vocab
+    if not gguf_arch._is_int(i) or not 0 <= i < min(vocab, n_tokens):
+        raise MinigenError(f"{m.source}: metadata key {key} is {gguf_arch._short(i)}, not a token id "
+                           f"(0 to {min(vocab, n_tokens) - 1})")
+    return i
 
 
-def _check_shapes(config: dict, names: dict, source: Path) -> None:
-    h, d = config["hidden_size"], config["head_dim"]
-    q, kv, ff = config["num_attention_heads"] * d, config["num_key_value_heads"] * d, config["intermediate_size"]
-    want = {"model.embed_tokens.weight": (config["vocab_size"], h), "model.norm.weight": (h,)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        want.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                     p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                     p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                     p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h),
-                     p + "mlp.down_proj.weight": (h, ff)})
-    for name, shape in want.items():
-        if name not in names:
-            raise MinigenError(f"{source}: tensor for {name} is missing")
-        if names[name].shape != shape:
-            raise MinigenError(f"{source}: {names[name].gguf.name} has shape {names[name].shape}, expected {shape}")
+def _generation_config(config: dict, special: dict) -> dict:
+    """BOS and PAD as config.json has them; EOS as every id llama.cpp ends generation on (EOT, EOM, ...)."""
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    if special["eog"]:
+        gen["eos_token_id"] = special["eog"][0] if len(special["eog"]) == 1 else special["eog"]
+    return gen
 
 
-def _generation_config(config: dict) -> dict:
-    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
-    return {k: config[k] for k in keys if k in config}
+def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path) -> None:
+    """The converted config through minigen's own reader, and the tensors' names and shapes through its weight
+    resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor."""
+    from .config import parse_config
+    from .families import FAMILIES
+    from .weights import TensorRef, resolve
 
-
-# --- tokenizer ---------------------------------------------------------------------------------
-
-
-def _tokenizer_files(meta: dict, source: Path) -> dict[str, str]:
-    """tokenizer.json (rebuilt from tokenizer.ggml.*) and tokenizer_config.json (special tokens, chat template)."""
-    if "tokenizer.huggingface.json" in meta:  # some GGUFs carry the original file verbatim
-        tok_json = meta["tokenizer.huggingface.json"]
-    else:
-        tok_json = build_tokenizer(meta, source).to_str()
-    return {"tokenizer.json": tok_json, "tokenizer_config.json": json.dumps(_tokenizer_config(meta), indent=2,
-                                                                            ensure_ascii=False) + "\n"}
-
-
-def build_tokenizer(meta: dict, source: Path | str = "GGUF"):
-    """The HF fast tokenizer for a GGUF `gpt2` (byte-level BPE) vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise MinigenError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]
-    if any(len(m) != 2 for m in merges):
-        raise MinigenError(f"{source}: tokenizer.ggml.merges has an entry that is not two tokens")
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tk.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), source)
-    tk.decoder = decoders.ByteLevel()
-    # token types (llama.cpp's enum): 3 = control -> special added token, 4 = user-defined -> plain added token
-    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                           for i, t in enumerate(types) if t == 3])
-    tk.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == 4])
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        b = tokens[bos]
-        tk.post_processor = processors.TemplateProcessing(single=f"{b} $A", pair=f"{b} $A {b} $B:1",
-                                                          special_tokens=[(b, bos)])
-    else:
-        tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tk
-
-
-def _pre_tokenizer(pre: str, source):
-    from tokenizers import pre_tokenizers
-
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":  # llama.cpp: each digit on its own, then the GPT-2 regex
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("gpt-2", "gpt2"):
-        return byte_level
-    raise MinigenError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported (supported: smollm, gpt-2)")
-
-
-def _tokenizer_config(meta: dict) -> dict:
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    config = {
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": meta.get("llama.context_length", 2048),
-        "tokenizer_class": "PreTrainedTokenizerFast",  # GPT2Tokenizer would make transformers 5 rebuild its own pre-tokenizer, dropping the digit split
-    }
-    for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"), ("padding", "pad_token")):
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if i is not None and i < len(tokens):
-            config[name] = tokens[i]
-    config["added_tokens_decoder"] = {
-        str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": t == 3}
-        for i, t in enumerate(types) if t in (3, 4)}
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return config
+    cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
+    family = FAMILIES[cfg.model_type]
+    try:
+        resolve(cfg, family, {t.name: TensorRef(t.name, source, "F32", t.shape, 0, 0) for t in tensors}, source)
+    except MinigenError as e:
+        to_gguf = {hf: g for g, hf in gguf_arch.tensor_names(arch, family, cfg.n_layers).items()}
+        raise MinigenError(re.sub(r"'([^']+)'", lambda mt: f"{to_gguf.get(mt.group(1), '?')} ({mt.group(1)})",
+                                  str(e))) from None
 
 
 # --- writing -----------------------------------------------------------------------------------
 
 
-def _write_safetensors(file: Path, plan: list[_Tensor], config: dict, dtype: str, progress: bool,
-                       source: Path) -> int:
-    """A minimal safetensors writer: 8-byte header length, JSON header, then each tensor's raw bytes.
-
-    Written tensor by tensor so only one dequantised tensor is in memory at a time; our own writer because
-    safetensors' numpy API refuses bfloat16.
-    """
+def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: bool) -> int:
+    """A minimal safetensors writer: 8-byte header length, JSON header, then each tensor's raw bytes, appended
+    block by block as they are dequantised; our own writer because safetensors' numpy API refuses bfloat16."""
     itemsize = 4 if dtype == "float32" else 2
     header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for t in plan:
-        size = int(np.prod(t.shape)) * itemsize
+    for t in plan.tensors:
+        size = t.size * itemsize
         header[t.name] = {"dtype": _ST_DTYPE[dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # pad so the data starts 8-byte aligned
-    with open(file, "wb") as f:
+    with open(file, "wb") as f, _Progress(plan, progress) as bar:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
-        for t in _progress(plan, progress):
-            try:
-                w = _dequantise(t)
-            except Exception as e:
-                raise MinigenError(f"{source}: cannot dequantise tensor {t.gguf.name} ({_first_line(e)})")
-            f.write(_cast(w, dtype).tobytes())
+        for t in plan.tensors:
+            for block in _dequantise(plan, t):
+                f.write(memoryview(_cast(block, dtype, f"{plan.source}: tensor {t.gguf_name}")))
+                bar.update(block.size)
     return file.stat().st_size
 
 
-def _cast(w: np.ndarray, dtype: str) -> np.ndarray:
+def _dequantise(plan: Plan, t: _Tensor):
+    """The tensor as float32 blocks of rows in HF's layout, llama.cpp's changes undone: the whole tensor when a
+    fix reorders it (q/k, qkv, GPT-2's transposes: small matrices), else blocks of at most _CHUNK values."""
+    step = t.rows if t.fix else max(1, _CHUNK // t.cols)
+    for start in range(0, t.rows, step):
+        n = min(step, t.rows - start)
+        w = _dequantise_rows(plan.source, t.offset + start * t.row_bytes, t.row_bytes, n, t.qtype, t.gguf_name)
+        if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
+            w = gguf_arch.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
+                                    plan.config)
+        if t.offset_norm:
+            w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
+        if not np.isfinite(w).all():
+            raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
+                               f"dequantisation; the file is damaged")
+        yield w
+
+
+def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype, name: str) -> np.ndarray:
+    """`rows` rows of a tensor, read with plain file reads (no memory map keeps them resident), as float32."""
+    from gguf import GGMLQuantizationType as Q, quants
+
+    raw = np.empty((rows, row_bytes), np.uint8)
+    with open(source, "rb") as f:
+        f.seek(offset)
+        if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+            raise MinigenError(f"{source}: truncated file: tensor {name} runs past the end of the file")
+    try:
+        if qtype == Q.F32:
+            return raw.view("<f4")
+        with np.errstate(all="ignore"):  # damaged scales give NaN or inf: refused by name after, not warned about
+            w = quants.dequantize(raw, qtype)
+    except Exception as e:
+        raise MinigenError(f"{source}: cannot dequantise tensor {name} ({_first_line(e)})")
+    return w.astype(np.float32, copy=False).reshape(rows, -1)
+
+
+def _cast(w: np.ndarray, dtype: str, where: str) -> np.ndarray:
     if dtype == "float32":
         return np.ascontiguousarray(w, dtype="<f4")
     if dtype == "float16":
-        return np.ascontiguousarray(w, dtype="<f2")
+        with np.errstate(over="ignore"):
+            half = np.ascontiguousarray(w, dtype="<f2")
+        if not np.isfinite(half).all():
+            raise MinigenError(f"{where} has values beyond float16's range; use --dtype bfloat16 or float32")
+        return half
     # bfloat16: the top 16 bits of float32, rounded to nearest even
     u = np.ascontiguousarray(w, dtype="<f4").view("<u4")
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
 
 
-def _progress(items, enabled: bool):
-    import click
+class _Progress:
+    """A progress bar on stderr counting values written, when enabled and stderr is a terminal."""
 
-    if not enabled:
-        yield from items
-        return
-    with click.progressbar(items, label="dequantising", file=sys.stderr, show_pos=True,
-                           item_show_func=lambda t: t.gguf.name if t else None) as bar:
-        yield from bar
+    def __init__(self, plan: Plan, enabled: bool):
+        import click
+
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            self.bar = click.progressbar(length=plan.n_params, label=f"converting {plan.source.name}",
+                                         file=sys.stderr, show_percent=True, show_eta=True)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
 
 
 def _write_json(file: Path, obj: dict) -> None:
     file.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _int(meta: dict, key: str, source: Path) -> int:
-    v = meta.get(key)
-    if not isinstance(v, int):
-        raise MinigenError(f"{source}: metadata {key} is missing or not a single integer")
-    return v
-
-
-def _f32(x: float) -> float:
-    """A float32 metadata value as the shortest decimal that round-trips (9.999999747e-06 -> 1e-05)."""
-    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
 def _first_line(e: BaseException) -> str:

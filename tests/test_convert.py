@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
+import gguf_vocab
 import minigen
 import tiny_checkpoint
 from conftest import FIXTURES_DIR, load_reference
@@ -53,7 +54,9 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: str = "smollm",
-               tensor_hook=None) -> Path:
+               tensor_hook=None, vocab: dict | None = None, kv_hook=None) -> Path:
+    """HF_DIR as llama.cpp's converter writes it; VOCAB: tokenizer.* metadata to write instead of HF_DIR's;
+    KV_HOOK: changes the metadata ({key: gguf.GGUFValue}) before it is written."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(out, arch)
@@ -67,7 +70,10 @@ def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: s
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
     w.add_vocab_size(cfg["vocab_size"])
-    add_tokenizer(w, hf_dir, pre)
+    if vocab:
+        add_vocab(w, vocab)
+    else:
+        add_tokenizer(w, hf_dir, pre)
     for name, t in load_file(str(hf_dir / "model.safetensors")).items():
         if "q_proj" in name:
             t = permute(t, n_head)
@@ -86,6 +92,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype=Q.F32, arch: str = "llama", pre: s
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t)
+    if kv_hook:  # {key: gguf.GGUFValue}: change, add or delete metadata
+        kv_hook(w.kv_data[0])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -109,6 +117,22 @@ def add_tokenizer(w, hf_dir: Path, pre: str) -> None:
     w.add_add_bos_token(tcfg.get("add_bos_token", False))
     if (hf_dir / "chat_template.jinja").is_file():
         w.add_chat_template((hf_dir / "chat_template.jinja").read_text())
+
+
+def add_vocab(w, vocab: dict) -> None:
+    """tokenizer.* keys (and general.name, which llama.cpp's Phi-3 rule reads) with the types llama.cpp reads:
+    ids uint32, token types int32, scores float32."""
+    for key, value in vocab.items():
+        if not key.startswith("tokenizer.") and key != "general.name":
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, [float(x) for x in value] if key == "tokenizer.ggml.scores" else value)
 
 
 def bpe_checkpoint(tmp_path: Path, cfg: dict) -> Path:
@@ -154,12 +178,37 @@ def test_config_and_tokenizer_files(tmp_path):
                 "rms_norm_eps", "bos_token_id", "eos_token_id", "model_type", "architectures"):
         assert got[key] == want[key], key
     assert got["rope_theta"] == want["rope_parameters"]["rope_theta"]
-    assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 4}
+    # EOS <|im_end|>, then </s>: llama.cpp ends generation on it too (by its text)
+    assert json.loads((tmp_path / "out/generation_config.json").read_text()) == {"bos_token_id": 1,
+                                                                                 "eos_token_id": [4, 2]}
     ours, theirs = minigen.load(tmp_path / "out")[1], Tokenizer.from_file(str(GQA3 / "tokenizer.json"))
     assert ours.encode(TEXT) == theirs.encode(TEXT).ids  # BOS prepended, as add_bos_token says
     assert ours.decode(ours.encode(TEXT, add_special_tokens=False)) == TEXT
     assert ours.chat_template == (GQA3 / "chat_template.jinja").read_text()
     assert ours.config["eos_token"] == "<|im_end|>"
+
+
+def test_sentencepiece_vocabulary(tmp_path):
+    """A Llama 2-style GGUF (llama.cpp's own SentencePiece vocab file, Phi-3's) converts into a tokenizer that
+    gives llama.cpp's ids, and a generation config that stops where llama.cpp does."""
+    ref = gguf_vocab.REFS["vocabs"]["phi-3"]
+    vocab = gguf_vocab.read_metadata(gguf_vocab.unpack(ref["file"], tmp_path))
+    hf = tiny_checkpoint.write(tmp_path / "hf", dict(tiny_checkpoint.CONFIG, vocab_size=len(vocab["tokenizer.ggml.tokens"])))
+    r = convert(write_gguf(hf, tmp_path / "m.gguf", vocab=vocab), tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    tok = minigen.load(tmp_path / "out")[1]
+    for case in ref["cases"]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
+    assert tok.chat_template == vocab["tokenizer.chat_template"]
+    generation = json.loads((tmp_path / "out/generation_config.json").read_text())
+    assert sorted(generation["eos_token_id"]) == ref["special_ids"]["eog"]  # <|endoftext|>, </s>, <|end|>
+
+
+def test_more_tokens_than_embedding_rows_is_refused(tmp_path):
+    """Phi-3's 32064-token vocabulary on a model with 448 embedding rows: ids past the rows would crash."""
+    vocab = gguf_vocab.read_metadata(gguf_vocab.unpack(gguf_vocab.REFS["vocabs"]["phi-3"]["file"], tmp_path))
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "m.gguf", vocab=vocab), "tokenizer.ggml.tokens",
+                         "32064 tokens", "448 rows")
 
 
 def rounded_copy(hf: Path, out: Path, fn) -> Path:
@@ -244,12 +293,16 @@ def k_quant_blocks(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     scale = np.array([0.002, 0.001], np.float16).view(np.uint8)
     if qtype == Q.Q6_K:
         raw[..., -2:] = scale[:2]  # d at the end
+    elif qtype.name.startswith(("IQ", "NV")):
+        raw[..., :2] = scale[:2]  # d at the start
     else:
         raw[..., :4] = scale  # d, dmin at the start
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+# K quants, and the types llama-quantize makes only with an importance matrix (the zoo fixture of
+# test_gguf_archs.py has the others, made by llama-quantize): the plumbing, on valid random blocks
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.NVFP4])
 def test_k_quants(tmp_path, qtype):
     cfg = dict(QUANT_CFG, intermediate_size=256)
     hf = bpe_checkpoint(tmp_path, cfg)
@@ -310,8 +363,8 @@ def test_truncated(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    src = write_gguf(GQA3, tmp_path / "m.gguf", arch="gpt2")
-    assert_fails_cleanly(tmp_path, src, "architecture 'gpt2' is not supported")
+    src = write_gguf(GQA3, tmp_path / "m.gguf", arch="falcon")
+    assert_fails_cleanly(tmp_path, src, "architecture 'falcon' is not supported")
 
 
 def test_unsupported_quant_type(tmp_path):
@@ -326,8 +379,8 @@ def test_unknown_tensor(tmp_path):
 
 
 def test_unsupported_pre_tokenizer(tmp_path):
-    src = write_gguf(GQA3, tmp_path / "m.gguf", pre="qwen2")
-    assert_fails_cleanly(tmp_path, src, "tokenizer.ggml.pre 'qwen2' is not supported")
+    src = write_gguf(GQA3, tmp_path / "m.gguf", pre="no-such-pre")
+    assert_fails_cleanly(tmp_path, src, "tokenizer.ggml.pre 'no-such-pre' is not supported", "llama-bpe, ")
 
 
 def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
@@ -345,10 +398,113 @@ def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
 def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     import minigen.convert as mc
 
-    def boom(t):
+    def boom(plan, t):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(mc, "_dequantise", boom)
     with pytest.raises(KeyboardInterrupt):
         mc.convert_gguf(write_gguf(GQA3, tmp_path / "m.gguf"), tmp_path / "out", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+# --- damaged metadata and data: one line naming the key or tensor, before anything is written ------------------
+
+
+def set_kv(key: str, value, vtype=gguf.GGUFValueType.UINT32):
+    def hook(kv):
+        if value is None:
+            del kv[key]
+        else:
+            kv[key] = gguf.GGUFValue(value=value, type=vtype)
+    return hook
+
+
+BAD_METADATA = [
+    ("llama.attention.head_count", 0, gguf.GGUFValueType.UINT32, "llama.attention.head_count"),
+    ("llama.attention.head_count", "nine", gguf.GGUFValueType.STRING, "llama.attention.head_count"),
+    ("llama.embedding_length", None, None, "llama.embedding_length is missing"),
+    ("llama.block_count", 2**32, gguf.GGUFValueType.UINT64, "llama.block_count"),
+    ("llama.block_count", 2, gguf.GGUFValueType.UINT32, "says 2 layers, but the file has tensors for 3"),
+    ("llama.attention.head_count_kv", 2, gguf.GGUFValueType.UINT32, "does not divide"),
+    ("llama.attention.layer_norm_rms_epsilon", 0.0, gguf.GGUFValueType.FLOAT32, "layer_norm_rms_epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), gguf.GGUFValueType.FLOAT32, "layer_norm_rms_epsilon"),
+    ("llama.rope.freq_base", -1.0, gguf.GGUFValueType.FLOAT32, "llama.rope.freq_base"),
+    ("llama.context_length", 0, gguf.GGUFValueType.UINT32, "llama.context_length"),
+    ("llama.rope.dimension_count", 6, gguf.GGUFValueType.UINT32, "llama.rope.dimension_count"),
+    ("llama.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING, "'yarn'"),
+    ("tokenizer.ggml.bos_token_id", 10**6, gguf.GGUFValueType.UINT32, "tokenizer.ggml.bos_token_id"),
+    ("tokenizer.ggml.eos_token_id", 448, gguf.GGUFValueType.UINT32, "tokenizer.ggml.eos_token_id"),
+    ("general.architecture", None, None, "architecture None"),
+]
+
+
+@pytest.mark.parametrize("key, value, vtype, words", BAD_METADATA, ids=[f"{k}={v}" for k, v, _, _ in BAD_METADATA])
+def test_bad_metadata(tmp_path, key, value, vtype, words):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", kv_hook=set_kv(key, value, vtype))
+    assert_fails_cleanly(tmp_path, src, words)
+
+
+def test_a_per_layer_list_is_refused_by_name(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf", kv_hook=set_kv(
+        "llama.attention.head_count_kv", [3, 3, 3], gguf.GGUFValueType.ARRAY))
+    assert_fails_cleanly(tmp_path, src, "llama.attention.head_count_kv", "per-layer")
+
+
+def _patch_tensor_info(data: bytes, name: str, field: str, value: int) -> bytes:
+    """Overwrite n_dims or the type of tensor `name` in a GGUF's tensor directory."""
+    key = len(name).to_bytes(8, "little") + name.encode()
+    at = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    pos = at if field == "n_dims" else at + 4 + 8 * n_dims
+    return data[:pos] + value.to_bytes(4, "little") + data[pos + 4:]
+
+
+@pytest.mark.parametrize("field, value, words", [("type", 200, "unknown tensor type 200"),
+                                                   ("n_dims", 9, "9 dimensions"),
+                                                   ("type", int(Q.Q8_K), "Q8_K")])
+def test_damaged_tensor_directory(tmp_path, field, value, words):
+    data = write_gguf(GQA3, tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "d.gguf").write_bytes(_patch_tensor_info(data, "blk.1.ffn_up.weight", field, value))
+    assert_fails_cleanly(tmp_path, tmp_path / "d.gguf", "blk.1.ffn_up.weight", words)
+
+
+def test_truncated_inside_the_vocabulary_names_the_key(tmp_path):
+    data = write_gguf(GQA3, tmp_path / "m.gguf").read_bytes()
+    cut = data.index("tokenizer.ggml.tokens".encode()) + 500
+    (tmp_path / "t.gguf").write_bytes(data[:cut])
+    assert_fails_cleanly(tmp_path, tmp_path / "t.gguf", "metadata key tokenizer.ggml.tokens", "past the end")
+
+
+def test_missing_and_misshapen_tensors_are_named_as_in_the_file(tmp_path):
+    rename = lambda name, t: (("blk.2.ffn_up.bias" if name == "blk.2.ffn_up.weight" else name), t)  # noqa: E731
+    line = assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "a.gguf", tensor_hook=rename), "blk.2.ffn_up")
+    assert "unexpected tensor" in line
+    short = lambda name, t: (name, t[:-1] if name == "blk.0.attn_v.weight" else t)  # noqa: E731
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "b.gguf", tensor_hook=short), "blk.0.attn_v.weight",
+                         "shape")
+
+
+def test_non_finite_weights_are_refused_and_leave_nothing(tmp_path):
+    def nan(name, t):
+        if name == "blk.1.attn_output.weight":
+            t = t.copy()
+            t[3, 5] = np.nan
+        return name, t
+    assert_fails_cleanly(tmp_path, write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=nan), "blk.1.attn_output.weight",
+                         "NaN")
+
+
+def test_float16_overflow_is_refused(tmp_path):
+    big = lambda name, t: (name, t * 1e6 if name == "blk.0.ffn_down.weight" else t)  # noqa: E731
+    src = write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=big)
+    r = convert(src, tmp_path / "out", "--dtype", "float16")
+    assert r.exit_code == 1 and "blk.0.ffn_down.weight" in r.output and "float16" in r.output
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.tmp"))
+    assert convert(src, tmp_path / "ok", "--dtype", "bfloat16").exit_code == 0
+
+
+def test_output_under_proc_fails_before_any_work(tmp_path):
+    src = write_gguf(GQA3, tmp_path / "m.gguf")
+    r = convert(src, Path("/proc/minigen-convert-test"))
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and "/proc/minigen-convert-test" in r.output
+    assert not Path("/proc/minigen-convert-test").exists()

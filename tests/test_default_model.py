@@ -58,7 +58,8 @@ def test_converted_files(smollm2):
     cfg = model.config
     assert (cfg.n_layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
     assert cfg.tie_word_embeddings and cfg.rope[0].theta == 100000.0
-    assert model.generation_config["eos_token_id"] == 2
+    # <|im_end|>, then what llama.cpp also ends generation on: <|endoftext|> and <reponame> (its FIM repo token)
+    assert model.generation_config["eos_token_id"] == [2, 0, 4]
     assert tok.chat_template.startswith("{% for message in messages %}")
 
 
