@@ -15,13 +15,12 @@ from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
 from minigen.inspect.stats import value_weighted
 
-from conftest import FIXTURES_DIR
+from conftest import FIXTURES, FIXTURES_DIR
 from inspect_fixture import FAMILY_EXTRAS, make_induction_gpt2, random_model
 
 # One fixture per family with transformers' references (scripts/make_inspect_fixtures.py); a new family's
-# fixture joins by having tests/fixtures/<name>/inspect_reference.npz. These five must be there.
+# fixture joins by having tests/fixtures/<name>/inspect_reference.npz. Every family must have one.
 REFERENCES = sorted(p.parent.name for p in FIXTURES_DIR.glob("*/inspect_reference.npz"))
-REQUIRED = {"gpt2", "llama_gqa3", "mistral_sliding", "qwen2", "gemma"}
 
 
 def cli(*args, input=None):
@@ -33,8 +32,9 @@ def reference(name):
         return {k: z[k] for k in z.files}
 
 
-def test_every_required_family_has_a_reference():
-    assert REQUIRED <= set(REFERENCES)
+def test_every_family_has_a_reference():
+    from minigen.families import FAMILIES
+    assert {FIXTURES[name] for name in REFERENCES} == set(FAMILIES)
 
 
 # --- against transformers ---------------------------------------------------------------------------------
