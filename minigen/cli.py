@@ -40,7 +40,8 @@ class Group(click.Group):
     command_class = Command
 
     def invoke(self, ctx):
-        if sys.stdout is None or not _is_open(1):
+        _fill_closed_stdio()
+        if sys.stdout is None or not _is_open(1, writable=True):
             _fail("standard output is closed; redirect it to a file instead (> out.txt)")
         try:
             with _signals_exit():
@@ -56,12 +57,25 @@ class Group(click.Group):
             sys.exit(130)
         except UnicodeDecodeError as e:  # text read from stdin in a strict UTF-8 locale
             _fail(f"the input is not valid UTF-8 (bad byte at offset {e.start})")
+        except MemoryError:
+            _fail("out of memory (the model, or the context asked for, needs more than this machine has)")
         except OSError as e:
             _discard_stdout()
             if e.errno == errno.EPIPE:  # the reader went away (| head): stop quietly, as SIGPIPE would
                 sys.exit(128 + signal.SIGPIPE)
-            where = e.filename or "standard output"
-            _fail(f"{where}: {e.strerror or e}")
+            _fail(_os_error(e))
+
+
+WRITE_ERRORS = (errno.EBADF, errno.ENOSPC, errno.EFBIG, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an OSError that no reader turned into a MinigenError: mostly stdout failing."""
+    if e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    if e.errno in WRITE_ERRORS:
+        return f"standard output: {e.strerror}"
+    return str(e.strerror or e)
 
 
 def _fail(message: str):
@@ -69,12 +83,29 @@ def _fail(message: str):
     sys.exit(1)
 
 
-def _is_open(fd: int) -> bool:
+def _fill_closed_stdio():
+    """A closed stdin or stderr (`<&-`, `2>&-`) is given /dev/null: a free fd 0 or 2 would be handed to
+    the next file opened, and error text meant for stderr could land in an output file."""
+    for fd, mode in ((0, os.O_RDONLY), (2, os.O_WRONLY)):
+        if not _is_open(fd, writable=fd == 2):
+            null = os.open(os.devnull, mode)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 2:
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives as long as the process)
+
+
+def _is_open(fd: int, writable: bool = False) -> bool:
+    """Whether fd is open (for writing, if asked: a launcher script may leave a read-only file there)."""
     try:
-        os.fstat(fd)
+        import fcntl
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except ImportError:  # not POSIX
         return True
     except OSError:
         return False
+    return not writable or flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
 
 
 def _discard_stdout():

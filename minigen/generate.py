@@ -21,6 +21,9 @@ from .model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
 
+FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
+
+
 @dataclass
 class Step:
     token: int
@@ -64,9 +67,6 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
         if finish:
             return
         ids = [token]
-
-
-FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
 
 
 def check_prompt(n_tokens: int, max_context: int):

@@ -6,9 +6,10 @@ and `strftime_now` globals and its own `tojson`), which keeps it from reaching P
 sandbox does not bound cost: `{{ 'a' * 10**9 }}`, `{{ 10 ** (10 ** 10) }}`, `'a'.center(10**9)` or two
 nested loops of 99,999 each run in one C call or for hours. So the template is rendered in a forked
 child process with a memory limit (RLIMIT_AS), killed after TIME_LIMIT seconds, and its text is read
-back through a pipe up to OUTPUT_LIMIT bytes. Whatever goes wrong (a syntax error, 1/0, an include,
-recursion, a limit) is one MinigenError line. Without fork (not POSIX) it renders in-process, sandboxed
-but unbounded.
+back through a pipe: at most OUTPUT_BASE characters more than twice the messages (a template wraps
+the messages, it does not multiply them; and 16 MiB of text takes the tokenizer some ten seconds).
+Whatever goes wrong (a syntax error, 1/0, an include, recursion, a limit) is one MinigenError line.
+Without fork (not POSIX) it renders in-process, sandboxed and bounded in size but not in time.
 """
 from __future__ import annotations
 
@@ -24,19 +25,20 @@ from .errors import MiB, MinigenError
 
 TIME_LIMIT = 5.0             # seconds to render (real templates take milliseconds)
 MEMORY_LIMIT = 512 * MiB     # address space the renderer may add to what the process has
-OUTPUT_LIMIT = 16 * MiB      # bytes of rendered text (a prompt that long would not fit any context anyway)
+OUTPUT_BASE = MiB            # characters of rendered text beyond twice the messages' own
 
 
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
     """The template rendered with `messages`, as transformers' apply_chat_template(tokenize=False) does."""
     variables = {"tools": None, "documents": None, **kwargs, "messages": messages,
                  "add_generation_prompt": add_generation_prompt}
+    limit = OUTPUT_BASE + 2 * len(json.dumps(messages, default=str))
     if not hasattr(os, "fork"):
         try:
-            return "".join(_render(template, variables, OUTPUT_LIMIT))
+            return "".join(_render(template, variables, limit))
         except Exception as e:
             raise MinigenError(f"chat template: {describe(e)}")
-    return _render_isolated(template, variables)
+    return _render_isolated(template, variables, limit)
 
 
 def _render(template: str, variables: dict, limit: int):
@@ -58,11 +60,12 @@ def _render(template: str, variables: dict, limit: int):
     for piece in env.from_string(template).generate(**variables):
         size += len(piece)
         if size > limit:
-            raise MinigenError(f"the rendered text is longer than {limit // MiB} MiB")
+            raise MinigenError(f"the rendered text is longer than {limit:,} characters (the messages "
+                               f"and {OUTPUT_BASE // MiB} MiB)")
         yield piece
 
 
-def _render_isolated(template: str, variables: dict) -> str:
+def _render_isolated(template: str, variables: dict, limit: int) -> str:
     read, write = os.pipe()
     with warnings.catch_warnings():  # Python 3.12 warns about fork in a threaded process: the child only renders
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -70,12 +73,12 @@ def _render_isolated(template: str, variables: dict) -> str:
     if pid == 0:  # the child: render, send b"T" + text or b"E" + one line, and leave without cleanup
         try:
             os.close(read)
-            _child(template, variables, write)
+            _child(template, variables, limit, write)
         finally:
             os._exit(0)
     os.close(write)
     try:
-        data = _read_until(read, time.monotonic() + TIME_LIMIT)
+        data = _read_until(read, time.monotonic() + TIME_LIMIT, 4 * limit + 1)  # UTF-8: at most 4 bytes a character
     finally:
         os.close(read)
         status = _reap(pid)
@@ -87,12 +90,12 @@ def _render_isolated(template: str, variables: dict) -> str:
     raise MinigenError(f"chat template: rendering failed ({died}; the limit is {MEMORY_LIMIT // MiB} MiB)")
 
 
-def _child(template: str, variables: dict, fd: int):
+def _child(template: str, variables: dict, limit: int, fd: int):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     _limit_memory(MEMORY_LIMIT)
     try:
-        payload = b"T" + "".join(_render(template, variables, OUTPUT_LIMIT)).encode("utf-8", "surrogatepass")
+        payload = b"T" + "".join(_render(template, variables, limit)).encode("utf-8", "surrogatepass")
     except BaseException as e:  # noqa: BLE001 (everything the template can raise becomes the message)
         payload = b"E" + describe(e).encode("utf-8", "replace")
     view = memoryview(payload)
@@ -112,7 +115,7 @@ def _limit_memory(extra: int):
         pass  # no /proc or no RLIMIT_AS: the time limit still holds
 
 
-def _read_until(fd: int, deadline: float) -> bytes:
+def _read_until(fd: int, deadline: float, most: int) -> bytes:
     chunks, size = [], 0
     while True:
         left = deadline - time.monotonic()
@@ -124,8 +127,8 @@ def _read_until(fd: int, deadline: float) -> bytes:
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
-        if size > 2 * OUTPUT_LIMIT + 1:  # UTF-8 of OUTPUT_LIMIT characters stays well under this
-            raise MinigenError(f"chat template: the rendered text is longer than {OUTPUT_LIMIT // MiB} MiB")
+        if size > most:
+            raise MinigenError("chat template: the rendered text is longer than allowed")
         chunks.append(chunk)
 
 

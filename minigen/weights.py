@@ -26,7 +26,11 @@ DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 # Every dtype the safetensors format has a whole-byte size for: a header naming another is not valid.
 DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8, "C64": 8}
-MAX_HEADER = 16 * MiB  # the safetensors library allows 100 MB; 16 MiB is ~250,000 tensors
+# Limits stricter than the safetensors library's (a 100 MB header): the largest checkpoints minigen
+# runs hold ~1,000 tensors in all, ~100 KB of header; a 95 MB header took 18 s to refuse.
+MAX_HEADER = 4 * MiB
+MAX_TENSORS = 16_384   # per file
+MAX_SHARDS = 4_096     # per index (Llama 3.1 405B has 191)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,10 @@ def index_checkpoint(path: Path) -> dict[str, TensorRef]:
     weight_map = read_json_object(index).get("weight_map")
     if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
         raise MinigenError(f"{index}: 'weight_map' should map tensor names to shard file names")
-    files = {shard: shard_file(path, shard, index) for shard in sorted(set(weight_map.values()))}
+    shards = sorted(set(weight_map.values()))
+    if len(shards) > MAX_SHARDS:
+        raise MinigenError(f"{index}: names {len(shards):,} shard files, more than minigen reads ({MAX_SHARDS:,})")
+    files = {shard: shard_file(path, shard, index) for shard in shards}
     refs: dict[str, TensorRef] = {}
     for shard, file in files.items():
         for name, ref in read_header(file).items():
@@ -100,22 +107,32 @@ def read_header(file: Path) -> dict[str, TensorRef]:
             raise MinigenError(f"{file}: corrupt or truncated safetensors file (its header length is larger "
                                f"than the file)")
         if n > MAX_HEADER:
-            raise MinigenError(f"{file}: safetensors header larger than minigen reads ({MAX_HEADER // MiB} MiB)")
+            raise MinigenError(f"{file}: safetensors header larger than minigen reads ({MAX_HEADER // MiB} MiB; "
+                               f"a checkpoint's header is ~100 KB)")
         try:
             text = f.read(n)
         except OSError as e:
             raise MinigenError(f"{file}: cannot read the safetensors header ({e.strerror or e})")
+    if text.count(b'"data_offsets"') > MAX_TENSORS:  # a cheap bound before parsing: one per tensor
+        raise _too_many(file)
     header = parse_json(text, f"{file}: safetensors header", constants=False, unique_keys=True)
     if not isinstance(header, dict):
         raise MinigenError(f"{file}: corrupt safetensors header (not a JSON object)")
     meta = header.pop("__metadata__", None)
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
         raise MinigenError(f"{file}: corrupt safetensors header ('__metadata__' should map strings to strings)")
+    if len(header) > MAX_TENSORS:
+        raise _too_many(file)
     base = 8 + n
     entries = [(name, *_entry(file, name, info)) for name, info in header.items()]
     _check_tiling(file, entries, size - base)
     return {name: TensorRef(name, file, dtype, shape, base + begin, end - begin, size)
             for name, dtype, shape, begin, end in entries}
+
+
+def _too_many(file: Path) -> MinigenError:
+    return MinigenError(f"{file}: the safetensors header lists more tensors than minigen reads from one file "
+                        f"({MAX_TENSORS:,})")
 
 
 def _entry(file: Path, name: str, info) -> tuple[str, tuple, int, int]:
