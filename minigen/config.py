@@ -142,7 +142,7 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
-    "temperature": (lambda v: _is_num(v) and math.isfinite(v) and v >= 0, "a number >= 0"),
+    "temperature": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
     "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "top_p": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
@@ -194,7 +194,8 @@ class Fields:
         return default
 
     def int(self, *names, default=...) -> int:
-        return self._first(names, default, lambda v: _is_int(v) and v > 0, "a positive integer")
+        """A positive integer no larger than 2**53 (past that, sizes turned into floats overflow)."""
+        return self._first(names, default, lambda v: _is_int(v) and 0 < v <= 2**53, "a positive integer")
 
     def float(self, *names, default=...) -> float:
         v = self._first(names, default, _positive, "a positive number")
@@ -202,7 +203,7 @@ class Fields:
 
     def number(self, *names, default=...) -> float:
         """A finite number of any sign."""
-        v = self._first(names, default, lambda v: _is_num(v) and math.isfinite(v), "a number")
+        v = self._first(names, default, _finite, "a number")
         return v if v is None else float(v)
 
     def nullable(self, read, name: str, default):
@@ -342,4 +343,14 @@ def _number(p: dict, name: str, kind: str, where: str) -> float:
 
 
 def _positive(v) -> bool:
-    return _is_num(v) and math.isfinite(v) and v > 0
+    return _finite(v) and v > 0
+
+
+def _finite(v) -> bool:
+    """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
+    if not _is_num(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

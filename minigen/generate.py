@@ -10,6 +10,7 @@ by the forward that fills the cache is still yielded, with finish "context".
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -155,8 +156,13 @@ def _is_int(v) -> bool:
 
 
 def _is_real(v) -> bool:
-    """A finite number (NaN and infinity are refused: every option's range excludes them)."""
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and bool(np.isfinite(v))
+    """A finite number (NaN, infinity and ints past float's range are refused: no option's range has them)."""
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _short(v) -> str:

@@ -71,7 +71,7 @@ class Tokenizer:
 
     def token_strings(self, ids) -> list[str]:
         """Each id decoded on its own: readable labels for attention plots and traces."""
-        return [self.hf.decode([int(i)], skip_special_tokens=False) for i in ids]
+        return [self.decode([int(i)]) for i in ids]
 
     def special_token(self, name: str) -> str | None:
         """`bos_token`, `eos_token`, ... from tokenizer_config.json (a string or an AddedToken dict)."""

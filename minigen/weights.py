@@ -10,7 +10,6 @@ read; fused ones are read into memory once, so they cost their size but no secon
 """
 from __future__ import annotations
 
-import math
 import mmap
 import weakref
 from dataclasses import dataclass
@@ -150,7 +149,11 @@ def _entry(file: Path, name: str, info) -> tuple[str, tuple, int, int]:
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_index(o) for o in offsets)
             and offsets[0] <= offsets[1]):
         bad("'data_offsets' should be [begin, end], integers with 0 <= begin <= end")
-    count = math.prod(shape)
+    count = 1
+    for d in shape:  # as the library does: refuse a product past 2**64 at once (no 10**6-digit numbers)
+        count *= d
+        if count >= 2**64:
+            bad(f"shape {_short(shape)} has more elements than any file can hold")
     if count * DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
         bad(f"shape {_short(shape)} of {dtype} does not fill its {offsets[1] - offsets[0]} bytes")
     return dtype, tuple(shape), offsets[0], offsets[1]

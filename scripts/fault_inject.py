@@ -172,7 +172,8 @@ def tensor_mutations(header: dict, data: bytes, rng: random.Random) -> list[tupl
         ("strings", [str(s) for s in shape]), ("negative", [-s for s in shape]), ("2**70", [2**70] + shape[1:]),
         ("nested", [shape]), ("bool", [True] + shape[1:]), ("scalar", []), ("extra-dim", shape + [1]),
         ("dropped-dim", shape[:-1]), ("reversed", shape[::-1]), ("zero", [0] + shape[1:]),
-        ("2**64", [2**64] + shape[1:]), ("overflow-product", [2**32, 2**32] + shape)]]
+        ("2**64", [2**64] + shape[1:]), ("overflow-product", [2**32, 2**32] + shape),
+        ("many-huge-dims", [2**63 - 1] * 100_000)]]
     step = 4
     out += [(f"offsets-{label}", entry(data_offsets=v)) for label, v in [
         ("string", f"{b},{end}"), ("one", [b]), ("three", [b, end, end]), ("floats", [float(b), float(end)]),
@@ -475,6 +476,9 @@ def config_cases(rng: random.Random, full: bool) -> list[Case]:
         ("architectures-int", {"architectures": 5}, "either"), ("architectures-list-int", {"architectures": [5]}, "either"),
         ("torch_dtype-list", {"torch_dtype": ["x"]}, "either"),
         ("max_position_embeddings-10**12", {"max_position_embeddings": 10**12}, "either"),
+        ("head_dim-10**400", {"head_dim": 10**400}, "error"), ("hidden_size-2**1024", {"hidden_size": 2**1024}, "error"),
+        ("rope_theta-10**400", {"rope_parameters": {"rope_theta": 10**400, "rope_type": "default"}}, "error"),
+        ("rms_norm_eps-10**400", {"rms_norm_eps": 10**400}, "error"),
     ]
     for label, change, expect in specific:
         for which in ("generate", "info"):
@@ -511,6 +515,7 @@ def generation_config_cases(rng: random.Random, full: bool) -> list[Case]:
                                   ("eos-list-x", {"eos_token_id": [4, "x"]}, "error"),
                                   ("repetition_penalty-0", {"repetition_penalty": 0}, "error"),
                                   ("do_sample-yes", {"do_sample": "yes"}, "error"),
+                                  ("temperature-10**400", {"temperature": 10**400}, "error"),
                                   ("greedy-nulls", {"do_sample": False, "temperature": None, "top_p": None}, "ok")]:
         new = {**base, **change}
         cases.append(Case("generation_config", f"llama_gqa3/{label}",
@@ -947,7 +952,7 @@ def _stream_case(mode: str, args: list):
                 p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, env=_python_env(), cwd=d, timeout=60,
                                    preexec_fn=limit)
             return p.returncode, b"", p.stderr
-        shell = " ".join(_q(c) for c in cmd) + " | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}"
+        shell = " ".join(_q(c) for c in cmd) + f" | head -c 1 >{_q(str(d / 'head.txt'))}; exit ${{PIPESTATUS[0]}}"
         p = subprocess.run(["bash", "-c", shell], stderr=subprocess.PIPE, env=_python_env(), cwd=d, timeout=60)
         return p.returncode, b"", p.stderr
     return lambda d: Run(kind="proc", proc=proc)
