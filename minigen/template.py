@@ -70,7 +70,7 @@ def _render_isolated(template: str, variables: dict, limit: int) -> str:
     with warnings.catch_warnings():  # Python 3.12 warns about fork in a threaded process: the child only renders
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
-    if pid == 0:  # the child: render, send b"T" + text or b"E" + one line, and leave without cleanup
+    if pid == 0:  # the child: render, send b"T" + length + text or b"E" + one line, and leave without cleanup
         try:
             os.close(read)
             _child(template, variables, limit, write)
@@ -78,12 +78,12 @@ def _render_isolated(template: str, variables: dict, limit: int) -> str:
             os._exit(0)
     os.close(write)
     try:
-        data = _read_until(read, time.monotonic() + TIME_LIMIT, 4 * limit + 1)  # UTF-8: at most 4 bytes a character
+        data = _read_until(read, time.monotonic() + TIME_LIMIT, 4 * limit + 9)  # UTF-8: at most 4 bytes a character
     finally:
         os.close(read)
         status = _reap(pid)
-    if data[:1] == b"T":
-        return data[1:].decode("utf-8", "surrogatepass")
+    if data[:1] == b"T" and int.from_bytes(data[1:9], "little") == len(data) - 9:  # whole, not cut short
+        return data[9:].decode("utf-8", "surrogatepass")
     if data[:1] == b"E":
         raise MinigenError(f"chat template: {data[1:].decode('utf-8', 'replace')}")
     died = f"killed by signal {-status}" if status and status < 0 else "out of memory"
@@ -93,9 +93,10 @@ def _render_isolated(template: str, variables: dict, limit: int) -> str:
 def _child(template: str, variables: dict, limit: int, fd: int):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    _limit_memory(MEMORY_LIMIT)
+    _limit_resources(MEMORY_LIMIT)
     try:
-        payload = b"T" + "".join(_render(template, variables, limit)).encode("utf-8", "surrogatepass")
+        text = "".join(_render(template, variables, limit)).encode("utf-8", "surrogatepass")
+        payload = b"T" + len(text).to_bytes(8, "little") + text
     except BaseException as e:  # noqa: BLE001 (everything the template can raise becomes the message)
         payload = b"E" + describe(e).encode("utf-8", "replace")
     view = memoryview(payload)
@@ -103,16 +104,21 @@ def _child(template: str, variables: dict, limit: int, fd: int):
         view = view[os.write(fd, view):]
 
 
-def _limit_memory(extra: int):
+def _limit_resources(extra: int):
+    """In the child: at most `extra` more bytes of address space, and a CPU-time limit of its own, so
+    that it dies even if the parent is killed before it can kill the child."""
     try:
         import resource
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        seconds = int(TIME_LIMIT) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds if hard == resource.RLIM_INFINITY else min(seconds, hard), hard))
         with open("/proc/self/statm") as f:
             current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = current + extra if hard == resource.RLIM_INFINITY else min(current + extra, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (OSError, ValueError, ImportError):
-        pass  # no /proc or no RLIMIT_AS: the time limit still holds
+        pass  # no /proc or no resource module: the parent's time limit still holds
 
 
 def _read_until(fd: int, deadline: float, most: int) -> bytes:

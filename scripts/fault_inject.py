@@ -350,9 +350,6 @@ def index_cases(rng: random.Random, full: bool) -> list[Case]:
     remap("loop.safetensors", lambda c, d: ((c / "loop.safetensors").symlink_to("loop2.safetensors"),
                                              (c / "loop2.safetensors").symlink_to("loop.safetensors")), label="symlink-loop")
 
-    def abs_inside(ckpt: Path, d: Path):
-        pass
-
     def hub_cache(d: Path) -> Run:
         """The Hugging Face hub cache's layout: snapshot files are symlinks to ../../blobs/<hash>."""
         src = FIXTURES / fx
@@ -558,7 +555,6 @@ def tokenizer_cases(rng: random.Random, full: bool) -> list[Case]:
             node[path[-1]] = value
         return change
 
-    pp = tok["post_processor"]
     variant("post-processor-unknown-token", set_path(["post_processor", "single", 0], {"SpecialToken": {"id": "<nope>", "type_id": 0}}), key=True)
     variant("post-processor-ids-tokens-mismatch", set_path(["post_processor", "special_tokens", "<s>"], {"id": "<s>", "ids": [1, 2], "tokens": ["<s>"]}), key=True)
     variant("post-processor-id-out-of-vocab", set_path(["post_processor", "special_tokens", "<s>"], {"id": "<s>", "ids": [10**6], "tokens": ["<s>"]}))
@@ -852,7 +848,6 @@ def api_cases(rng: random.Random, full: bool) -> list[Case]:
 
     def big_context(d):
         def call():
-            import numpy as np
             import minigen
             from minigen.generate import generate_step
             model, tok = minigen.load(fx)
@@ -1138,6 +1133,9 @@ def classify(case: Case, run: Run, code: int | None, out: bytes, err: bytes, d: 
     if code == 0:
         if case.expect in ("error", "usage", "fail"):
             return "wrong", "exit 0; expected an error" + (f" ({first[:120]})" if first else "")
+        noise = [l for l in lines if "Warning" in l]
+        if noise:
+            return "wrong", f"exit 0 with a warning: {noise[0][:160]}"
         return "ok", ""
     if code is None or code < 0:
         return "wrong", f"killed by signal {-code if code else '?'}"
