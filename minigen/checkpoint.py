@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from os import PathLike
 import re
 import shutil
 import sys
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import load_config
+from .config import load_config, parse_generation_config
 from .errors import MinigenError, read_json_object
 from .families import FAMILIES
 from .model import Model
@@ -47,9 +48,12 @@ class Resolved:
     origin: str    # one line for `minigen info`: where it came from
 
 
-def load(spec: str | Path | None = None) -> tuple[Model, Tokenizer]:
-    """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id (None: the default model);
-    MinigenError naming the file at fault."""
+def load(spec: str | PathLike) -> tuple[Model, Tokenizer]:
+    """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id; MinigenError naming the
+    file at fault. (The default model: `load(default_model.default_model_path())`.)"""
+    if not isinstance(spec, (str, PathLike)):
+        raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "
+                           f"a path), got {type(spec).__name__}")
     path = resolve(spec).path
     tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
     return load_model(path), tokenizer
@@ -57,15 +61,26 @@ def load(spec: str | Path | None = None) -> tuple[Model, Tokenizer]:
 
 def load_model(path: str | Path) -> Model:
     """The Model alone, from a checkpoint directory: config, float32 weights, generation config."""
-    path = Path(path)
+    path = checkpoint_dir(path)
     cfg = load_config(path)
     params = load_params(path, cfg, FAMILIES[cfg.model_type])
     return Model(cfg, params, generation_config(path), path)
 
 
+def checkpoint_dir(path) -> Path:
+    if not isinstance(path, (str, PathLike)):
+        raise MinigenError(f"a checkpoint path should be a string or a path, got {type(path).__name__}")
+    path = Path(path)
+    if not path.is_dir():
+        raise MinigenError(f"{path}: no such checkpoint directory")
+    return path
+
+
 def generation_config(path: Path) -> dict:
     file = path / "generation_config.json"
-    return read_json_object(file) if file.is_file() else {}
+    if not (file.exists() or file.is_symlink()):
+        return {}
+    return parse_generation_config(read_json_object(file), str(file))
 
 
 # --- resolving --model ----------------------------------------------------------------------------------

@@ -1,22 +1,143 @@
-"""The command line: flags and printing only. Work happens in generate.py, convert.py and inspect/."""
+"""The command line: flags and printing only. Work happens in generate.py, chat.py, convert.py and inspect/.
+
+Process-wide behaviour lives in `Group.invoke`: a bad input is one line `minigen: error: ...` (exit 1),
+a bad option value a usage error naming its flag (exit 2); Ctrl-C exits 130 and SIGTERM/SIGHUP 128 +
+the signal, both by an exception, so every output file's temporary sibling is removed on the way out
+(files.py); a closed, full or broken stdout is one line (or, for a closed pipe, silence), never a
+traceback.
+"""
 from __future__ import annotations
 
+import errno
+import os
+import re
+import signal
 import sys
+from contextlib import contextmanager
 
 import click
 
-from .errors import MinigenError
+from .errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
+
+PROMPT_LIMIT = 16 * MiB  # bytes of prompt read from a file or stdin (/dev/zero never ends)
 
 
-class Group(click.Group):
-    """Turns MinigenError into one line on stderr and exit code 1, never a traceback."""
+class Command(click.Command):
+    """A subcommand whose OptionError (a bad value for one run option) becomes click's usage error
+    naming the flag, exit 2: the values are checked in one place, generate.Options.check."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except OptionError as e:
+            param = next((p for p in self.params if p.name == e.option), None)
+            hint = None if param else "PROMPT" if e.option == "prompt" else "--" + e.option.replace("_", "-")
+            raise click.BadParameter(e.message, ctx=ctx, param=param, param_hint=hint) from None
+
+
+class Group(click.Group):
+    """Runs a subcommand so that nothing ends in a traceback (see the module's docstring)."""
+    command_class = Command
+
+    def invoke(self, ctx):
+        _fill_closed_stdio()
+        if sys.stdout is None or not _is_open(1, writable=True):
+            _fail("standard output is closed; redirect it to a file instead (> out.txt)")
+        try:
+            with _signals_exit():
+                try:
+                    return super().invoke(ctx)
+                finally:
+                    if sys.stdout is not None:
+                        sys.stdout.flush()  # a full disk shows here, not as a traceback at exit
         except MinigenError as e:
-            click.echo(f"minigen: error: {e}", err=True)
-            sys.exit(1)
+            _fail(str(e))
+        except KeyboardInterrupt:
+            click.echo("minigen: interrupted", err=True)
+            sys.exit(130)
+        except UnicodeDecodeError as e:  # text read from stdin in a strict UTF-8 locale
+            _fail(f"the input is not valid UTF-8 (bad byte at offset {e.start})")
+        except MemoryError:
+            _fail("out of memory (the model, or the context asked for, needs more than this machine has)")
+        except OSError as e:
+            _discard_stdout()
+            if e.errno == errno.EPIPE:  # the reader went away (| head): stop quietly, as SIGPIPE would
+                sys.exit(128 + signal.SIGPIPE)
+            _fail(_os_error(e))
+
+
+WRITE_ERRORS = (errno.EBADF, errno.ENOSPC, errno.EFBIG, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an OSError that no reader turned into a MinigenError: mostly stdout failing."""
+    if e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    if e.errno in WRITE_ERRORS:
+        return f"standard output: {e.strerror}"
+    return str(e.strerror or e)
+
+
+def _fail(message: str):
+    click.echo(f"minigen: error: {message}", err=True)
+    sys.exit(1)
+
+
+def _fill_closed_stdio():
+    """A closed stdin or stderr (`<&-`, `2>&-`) is given /dev/null: a free fd 0 or 2 would be handed to
+    the next file opened, and error text meant for stderr could land in an output file."""
+    for fd, mode in ((0, os.O_RDONLY), (2, os.O_WRONLY)):
+        if not _is_open(fd, writable=fd == 2):
+            null = os.open(os.devnull, mode)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 2:
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives as long as the process)
+
+
+def _is_open(fd: int, writable: bool = False) -> bool:
+    """Whether fd is open (for writing, if asked: a launcher script may leave a read-only file there)."""
+    try:
+        import fcntl
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except ImportError:  # not POSIX
+        return True
+    except OSError:
+        return False
+    return not writable or flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+def _discard_stdout():
+    """After stdout failed, send what is still buffered nowhere, so that the interpreter's final flush
+    does not fail again and print a traceback (Python's documented recipe for SIGPIPE)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+@contextmanager
+def _signals_exit():
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) while a command runs, so `with` blocks clean up
+    (temporary files are removed) as for Ctrl-C; a second signal is ignored so cleanup can finish."""
+    def leave(signum, frame):
+        for sig in caught:
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    caught = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    try:
+        previous = {sig: signal.signal(sig, leave) for sig in caught}
+    except ValueError:  # not the main thread: leave signals alone
+        previous = {}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @click.group(cls=Group)
@@ -25,7 +146,9 @@ def main():
     """minigen: run, read and look inside small transformers."""
 
 
-def _non_empty(values: tuple, flag: str) -> tuple:
+def _stop_strings(values: tuple, flag: str) -> tuple:
+    """--stop TEXT: backslash escapes \\n, \\t, \\r and \\\\ are processed, so --stop "\\n\\n" stops at a blank line."""
+    values = tuple(unescape(v) for v in values)
     if any(v == "" for v in values):
         raise click.BadParameter("an empty stop string would stop before the first token", param_hint=flag)
     return values
@@ -37,6 +160,10 @@ def stdout_is_terminal() -> bool:
 
 def stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
+
+
+def unescape(text: str) -> str:
+    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m[1]], text)
 
 
 # --- generate, info (issue 3) ---------------------------------------------------------------
@@ -55,20 +182,37 @@ def resolve_and_load(path):
     import time
     from .checkpoint import load, resolve
     resolved = resolve(path)
+    import numpy as np
+    np.seterr(all="ignore")  # non-finite logits are reported per step (generate.py), not as numpy warnings
     start = time.perf_counter()
     model, tokenizer = load(resolved.path)
     return model, tokenizer, time.perf_counter() - start, resolved
 
 
 def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) -> str:
+    """The prompt as text: an argument, stdin (-) or a file (which may be a pipe, as `-f <(cmd)`), read up
+    to PROMPT_LIMIT bytes and required to be UTF-8; anything else is a usage error naming its source."""
     given = [p for p in (prompt, prompt_opt, file) if p is not None]
     if len(given) != 1:
         raise click.UsageError("give the prompt once: PROMPT, -p/--prompt (- reads stdin) or -f/--file")
-    if file is not None:
-        with open(file, encoding="utf-8") as f:
-            return f.read()
-    text = given[0]
-    return sys.stdin.read() if text == "-" else text
+    hint = "-f/--file" if file is not None else "-p/--prompt" if prompt_opt is not None else "PROMPT"
+    try:
+        if file is not None:
+            return decode_utf8(read_bounded(file, PROMPT_LIMIT, "prompt file"), file, "the prompt")
+        if given[0] == "-":
+            return decode_utf8(read_stdin(PROMPT_LIMIT), "stdin", "the prompt")
+        return decode_utf8(os.fsencode(given[0]), "the argument", "the prompt")
+    except MinigenError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
+
+
+def read_stdin(limit: int) -> bytes:
+    if sys.stdin is None:
+        raise MinigenError("stdin is closed")
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise MinigenError(f"the prompt on stdin is longer than minigen reads ({limit:,} bytes)")
+    return data
 
 
 def build_run(model, tokenizer, text: str, chat: bool, system: str | None, **options):
@@ -118,23 +262,23 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
 
 
 GENERATION_OPTIONS = [  # generate's flags for a run (sampling, stopping, context, figures), shared with chat
-    click.option("-m", "-n", "--max-tokens", type=click.IntRange(min=0), default=256, show_default=True,
-                 help="Tokens to generate at most."),
-    click.option("--temp", type=click.FloatRange(min=0), help="Temperature; 0 is greedy. [default: from "
+    # Values are checked by generate.Options.check (one layer); click only parses the types.
+    click.option("-m", "-n", "--max-tokens", type=int, default=256, show_default=True,
+                 help="Tokens to generate at most (>= 0)."),
+    click.option("--temp", type=float, help="Temperature, >= 0; 0 is greedy. [default: from "
                  "generation_config.json, else 0]"),
-    click.option("--top-k", type=click.IntRange(min=0), help="Keep the k most likely tokens (0: off)."),
-    click.option("--top-p", type=click.FloatRange(0, 1, min_open=True),
-                 help="Keep the smallest set reaching p (1: off)."),
-    click.option("--min-p", type=click.FloatRange(0, 1), help="Keep tokens at least min-p times the top one (0: off)."),
-    click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True),
-                 help="Penalise tokens seen recently, as HF's repetition_penalty (1: off)."),
-    click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
+    click.option("--top-k", type=int, help="Keep the k most likely tokens (0: off)."),
+    click.option("--top-p", type=float, help="Keep the smallest set reaching p, in (0, 1] (1: off)."),
+    click.option("--min-p", type=float, help="Keep tokens at least min-p times the top one, in [0, 1] (0: off)."),
+    click.option("--repeat-penalty", type=float,
+                 help="Penalise tokens seen recently, as HF's repetition_penalty, > 0 (1: off)."),
+    click.option("--repeat-last-n", type=int, default=64, show_default=True,
                  help="Window of the repeat penalty, in tokens (0: the whole sequence)."),
-    click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text."),
-    click.option("--stop", multiple=True, callback=lambda ctx, param, value: _non_empty(value, "--stop"),
-                 help="Stop when this text appears (not printed). Repeatable."),
+    click.option("--seed", type=int, help="Seed for sampling (>= 0): the same seed gives the same text."),
+    click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value, "--stop"),
+                 help="Stop when this text appears (not printed); \\n, \\t, \\r, \\\\ are escapes. Repeatable."),
     click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token."),
-    click.option("--max-context", type=click.IntRange(min=1), help="Context size in tokens (default: the model's)."),
+    click.option("--max-context", type=int, help="Context size in tokens (default and maximum: the model's)."),
     click.option("-q", "--quiet", is_flag=True, help="No figures on stderr."),
     click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after."),
 ]
@@ -176,8 +320,10 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
 def info(model_path):
     """What a checkpoint is (and what --model resolved to): architecture, size, dims, heads, context, tokenizer."""
     model, tok, _, resolved = resolve_and_load(model_path)
+    from .weights import DTYPE_NAMES, checkpoint_dtypes
     c = model.config
-    arch = ", ".join(c.raw.get("architectures") or []) or "-"
+    arch = ", ".join(c.architectures) or "-"
+    dtypes = checkpoint_dtypes(model.path)
     rows = [
         ("model", resolved.origin),
         ("path", str(model.path)),
@@ -190,7 +336,8 @@ def info(model_path):
         ("vocabulary", c.vocab_size),
         ("context", f"{c.max_position_embeddings} tokens" + (f", sliding window {c.sliding_window}"
                                                               if c.sliding_window else "")),
-        ("dtype on disk", c.dtype),
+        ("dtype on disk", ", ".join(DTYPE_NAMES.get(d, d) + (f" ({n} tensors)" if len(dtypes) > 1 else "")
+                                    for d, n in sorted(dtypes.items(), key=lambda kv: -kv[1]))),
         ("tokenizer", f"{type(tok.hf.model).__name__}, {tok.vocab_size} tokens"
                       f"{', byte fallback' if tok.byte_fallback_ids else ''}, BOS {tok.special_token('bos_token')}, "
                       f"EOS {tok.special_token('eos_token')}"),

@@ -17,6 +17,9 @@ from pathlib import Path
 from .errors import MinigenError, read_json_object
 
 
+MAX_LAYERS = 100_000  # a 16 MiB safetensors header (weights.MAX_HEADER) cannot name more layers
+
+
 @dataclass(frozen=True)
 class Rope:
     """One rotary embedding: the first `dim` dims of each head rotate (HF's half-split within them)."""
@@ -66,6 +69,7 @@ class Config:
     layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
     bos_token_id: int | None = None
     eos_token_ids: tuple = ()
+    architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
     dtype: str = "float32"            # what config.json says the checkpoint was saved in
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -86,7 +90,7 @@ def load_config(path: str | Path) -> Config:
     """Read `path/config.json` (or a config.json file) into a Config; one clear error if it is bad."""
     path = Path(path)
     file = path if path.suffix == ".json" else path / "config.json"
-    if not file.is_file():
+    if not (file.exists() or file.is_symlink()):
         raise MinigenError(f"{file}: missing (is {path} a Hugging Face checkpoint directory?)")
     return parse_config(read_json_object(file), str(file))
 
@@ -103,6 +107,9 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     hidden = get.int("hidden_size", "n_embd")
     n_heads = get.int("num_attention_heads", "n_head")
     n_layers = get.int("num_hidden_layers", "n_layer")
+    if n_layers > MAX_LAYERS:  # per-layer settings are built below: refuse before, not in a MemoryError
+        raise MinigenError(f"{where}: num_hidden_layers={n_layers} is more than any checkpoint minigen can "
+                           f"load ({MAX_LAYERS:,})")
     d = family.defaults
     f = {x.name: x.default for x in fields(Config) if x.default is not MISSING}  # the features' defaults
     f.update(
@@ -117,6 +124,7 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
         act=get.str("hidden_act", "activation_function", default=d.get("act", "silu")),
         tie_word_embeddings=get.bool("tie_word_embeddings", default=d.get("tie_word_embeddings", False)),
         bos_token_id=get.token_id("bos_token_id"), eos_token_ids=get.token_ids("eos_token_id"),
+        architectures=tuple(get.strings("architectures")),
         dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
     )
     f.update(family.features)
@@ -130,6 +138,26 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     f["layer_types"] = tuple(f.get("layer_types") or ("full_attention",) * n_layers)
     _check_layers(f, where)
     return Config(**f)
+
+
+GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
+    "do_sample": (lambda v: isinstance(v, bool), "true or false"),
+    "temperature": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
+    "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "top_p": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (lambda v: _positive(v), "a positive number"),
+}
+
+
+def parse_generation_config(raw: dict, where: str = "generation_config.json") -> dict:
+    """generation_config.json, its sampling defaults and EOS ids checked; other fields pass through.
+    A field that is null is absent, as in transformers."""
+    get = Fields(raw, where)
+    for name, (ok, what) in GENERATION_FIELDS.items():
+        get.check(name, ok, what)
+    get.token_ids("eos_token_id")
+    return raw
 
 
 def _divide(a: int, b: int, where: str) -> int:
@@ -169,7 +197,8 @@ class Fields:
         return default
 
     def int(self, *names, default=...) -> int:
-        return self._first(names, default, lambda v: _is_int(v) and v > 0, "a positive integer")
+        """A positive integer no larger than 2**53 (past that, sizes turned into floats overflow)."""
+        return self._first(names, default, lambda v: _is_int(v) and 0 < v <= 2**53, "a positive integer")
 
     def float(self, *names, default=...) -> float:
         v = self._first(names, default, _positive, "a positive number")
@@ -177,7 +206,7 @@ class Fields:
 
     def number(self, *names, default=...) -> float:
         """A finite number of any sign."""
-        v = self._first(names, default, lambda v: _is_num(v) and math.isfinite(v), "a number")
+        v = self._first(names, default, _finite, "a number")
         return v if v is None else float(v)
 
     def nullable(self, read, name: str, default):
@@ -197,6 +226,14 @@ class Fields:
 
     def list(self, *names, default=...) -> list:
         return self._first(names, default, lambda v: isinstance(v, list), "a list")
+
+    def strings(self, name: str) -> list:
+        return self._first((name,), [], lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                           "a list of strings")
+
+    def check(self, name: str, ok, what: str):
+        """The field's value if present, not null, and `ok(value)`; None if absent or null."""
+        return self._first((name,), None, ok, what)
 
     def token_id(self, name: str) -> int | None:
         return self._first((name,), None, lambda v: _is_int(v) and v >= 0, "a token id (an integer >= 0)")
@@ -265,10 +302,13 @@ def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta
     if kind == "linear":
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where))
     if kind == "llama3":
+        original = p.get("original_max_position_embeddings") or f["max_position_embeddings"]
+        if not (_is_int(original) and original > 0):
+            raise MinigenError(f"{where}: rope scaling 'llama3' needs a positive integer "
+                               f"'original_max_position_embeddings', got {_short(original)}")
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where),
                         low_freq_factor=_number(p, "low_freq_factor", kind, where),
-                        high_freq_factor=_number(p, "high_freq_factor", kind, where),
-                        original_max=int(p.get("original_max_position_embeddings") or f["max_position_embeddings"]))
+                        high_freq_factor=_number(p, "high_freq_factor", kind, where), original_max=original)
     return _longrope(rope, p, get, f, defaults)
 
 
@@ -286,9 +326,11 @@ def _longrope(rope: Rope, p: dict, get: Fields, f: dict, defaults: dict) -> Rope
             raise MinigenError(f"{where}: rope scaling 'longrope' needs {name!r}: {pairs} positive numbers")
         factors[name] = tuple(float(x) for x in v)
     factor = p.get("factor") or f["max_position_embeddings"] / original
+    if not _positive(factor):
+        raise MinigenError(f"{where}: rope scaling 'longrope' needs a positive number 'factor', got {_short(factor)}")
     attention = p.get("attention_factor")
-    if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if attention is None:  # transformers' default; log(original) is 0 for an original context of 1
+        attention = 1.0 if factor <= 1.0 or original < 2 else math.sqrt(1 + math.log(factor) / math.log(original))
     if not _positive(attention):
         raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {_short(attention)}")
     return _replace(rope, kind="longrope", original_max=int(original), attention_factor=float(attention), **factors)
@@ -307,4 +349,14 @@ def _number(p: dict, name: str, kind: str, where: str) -> float:
 
 
 def _positive(v) -> bool:
-    return _is_num(v) and math.isfinite(v) and v > 0
+    return _finite(v) and v > 0
+
+
+def _finite(v) -> bool:
+    """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
+    if not _is_num(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

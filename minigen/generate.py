@@ -10,6 +10,7 @@ by the forward that fills the cache is still yielded, with finish "context".
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -17,9 +18,12 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .cache import truncate
-from .errors import MinigenError
+from .errors import MinigenError, OptionError
 from .model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
+
+
+FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
 
 
 @dataclass
@@ -47,7 +51,10 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
     check_prompt(len(tokens), max_context)
     sampler = sampler or make_sampler(0.0)
     rng = rng if rng is not None else np.random.default_rng()
-    cache = cache if cache is not None else model.make_cache(min(max_context, len(tokens) + max_tokens))
+    # Room for the prompt and a first stretch of tokens; the cache doubles when full, so a huge
+    # max_tokens or context (10**12 in a config) costs nothing until tokens are actually generated.
+    if cache is None:
+        cache = model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
     eos, ids = frozenset(int(e) for e in eos_ids), tokens[cache[0].offset:]
     if not ids:
         raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
@@ -57,6 +64,9 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
             truncate(cache, 0)  # in place: a caller's cache stays the one in use
             ids = tokens
         logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
+        if not np.isfinite(logits).all():  # NaN weights or eps would otherwise sample <unk> forever
+            raise MinigenError(f"step {n}: the model's logits are not finite (NaN or infinity); the "
+                               f"checkpoint's weights or config.json are likely corrupt")
         scores = logits
         for process in processors:
             scores = process(scores, tokens)
@@ -89,7 +99,7 @@ def prompt_ids(tokenizer, prompt: str | Sequence[int], chat: bool = False, syste
     """Ids to start from: ids as given; text encoded with the tokenizer's special tokens (BOS); or, for
     chat, the chat template rendered (see chat_ids)."""
     if not isinstance(prompt, str):
-        return [int(i) for i in prompt]
+        return token_ids(prompt)
     if not (chat or system is not None):
         return tokenizer.encode(prompt)
     messages = ([{"role": "system", "content": system}] if system is not None else []) + \
@@ -104,9 +114,21 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
                             add_special_tokens=False)
 
 
+def token_ids(prompt) -> list[int]:
+    """A prompt given as ids: a sequence of integers (Python or NumPy), nothing else."""
+    if isinstance(prompt, (str, bytes, bytearray, dict)) or not hasattr(prompt, "__iter__"):
+        raise OptionError("prompt", f"should be a string or a list of token ids, got {_short(prompt)}")
+    ids = list(prompt)
+    bad = next((i for i in ids if not _is_int(i)), None)
+    if bad is not None:
+        raise OptionError("prompt", f"token ids should be integers, got {_short(bad)}")
+    return [int(i) for i in ids]
+
+
 @dataclass
 class Options:
-    """Everything a run can be asked for; None means the checkpoint's generation_config.json decides."""
+    """Everything a run can be asked for; None means the checkpoint's generation_config.json decides.
+    `check` is the one place these are validated (the CLI's flags included): inner code trusts them."""
     max_tokens: int = 256
     temp: float | None = None
     top_k: int | None = None
@@ -121,21 +143,46 @@ class Options:
     record_attention: bool = False
 
     def check(self):
-        bad = [(n, v, why) for n, v, ok, why in [
-            ("max_tokens", self.max_tokens, self.max_tokens >= 0, ">= 0"),
-            ("temp", self.temp, self.temp is None or self.temp >= 0, ">= 0"),
-            ("top_k", self.top_k, self.top_k is None or self.top_k >= 0, ">= 0"),
-            ("top_p", self.top_p, self.top_p is None or 0 < self.top_p <= 1, "in (0, 1]"),
-            ("min_p", self.min_p, self.min_p is None or 0 <= self.min_p <= 1, "in [0, 1]"),
-            ("repeat_penalty", self.repeat_penalty, self.repeat_penalty is None or self.repeat_penalty > 0, "> 0"),
-            ("repeat_last_n", self.repeat_last_n, self.repeat_last_n >= 0, ">= 0"),
-            ("max_context", self.max_context, self.max_context is None or self.max_context >= 1, ">= 1"),
-        ] if not ok]
-        if bad:
-            name, value, why = bad[0]
-            raise MinigenError(f"{name} must be {why}, got {value}")
-        if any(not s for s in self.stop):
-            raise MinigenError("stop strings must not be empty")
+        """OptionError naming the first option of the wrong type or out of range."""
+        real, opt = _is_real, lambda ok: lambda v: v is None or ok(v)
+        rules = [
+            ("max_tokens", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+            ("temp", opt(lambda v: real(v) and v >= 0), "a number >= 0"),
+            ("top_k", opt(lambda v: _is_int(v) and v >= 0), "an integer >= 0"),
+            ("top_p", opt(lambda v: real(v) and 0 < v <= 1), "a number in (0, 1]"),
+            ("min_p", opt(lambda v: real(v) and 0 <= v <= 1), "a number in [0, 1]"),
+            ("repeat_penalty", opt(lambda v: real(v) and v > 0), "a number > 0"),
+            ("repeat_last_n", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+            ("seed", opt(lambda v: _is_int(v) and v >= 0), "an integer >= 0"),
+            ("stop", lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
+             "a non-empty string or a list of them"),
+            ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
+            ("max_context", opt(lambda v: _is_int(v) and v >= 1), "an integer >= 1"),
+            ("record_attention", lambda v: isinstance(v, bool), "true or false"),
+        ]
+        for name, ok, what in rules:
+            value = getattr(self, name)
+            if not ok(value):
+                raise OptionError(name, f"should be {what}, got {_short(value)}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    """A finite number (NaN, infinity and ints past float's range are refused: no option's range has them)."""
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -175,8 +222,12 @@ class Run:
         self.options.check()
         cfg_context = self.model.config.max_position_embeddings
         if self.options.max_context is not None and self.options.max_context > cfg_context:
-            raise MinigenError(f"max_context {self.options.max_context} is larger than the model's context "
-                               f"({cfg_context} tokens, max_position_embeddings)")
+            raise OptionError("max_context", f"{self.options.max_context} is larger than the model's context "
+                                             f"({cfg_context} tokens, max_position_embeddings)")
+        vocab = self.model.config.vocab_size
+        outside = next((i for i in self.prompt if not 0 <= i < vocab), None)
+        if outside is not None:  # ids given, or a tokenizer larger than the model's vocab_size
+            raise MinigenError(f"prompt: token id {outside} is outside the model's vocabulary (0..{vocab - 1})")
         self.settings = sampling_settings(self.model.generation_config, temp=self.options.temp,
                                           top_k=self.options.top_k, top_p=self.options.top_p,
                                           min_p=self.options.min_p, repeat_penalty=self.options.repeat_penalty)
@@ -246,9 +297,13 @@ def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, syste
     """A Run from keyword options named like the CLI's flags (max_tokens, temp, top_k, ..., stop)."""
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
-        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    if isinstance(options.get("stop"), str):
-        options["stop"] = (options["stop"],)
+        raise OptionError(sorted(unknown)[0], f"no such option (options: {', '.join(Options.__dataclass_fields__)})")
+    stop = options.get("stop", ())
+    options["stop"] = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
+    if not isinstance(chat, bool):
+        raise OptionError("chat", f"should be true or false, got {_short(chat)}")
+    if not (system is None or isinstance(system, str)):
+        raise OptionError("system", f"should be a string, got {_short(system)}")
     ids = prompt_ids(tokenizer, prompt, chat, system)
     return Run(model, tokenizer, ids, Options(**options), cache=cache)
 

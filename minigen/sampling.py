@@ -62,15 +62,16 @@ def categorical(logprobs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def make_sampler(temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Sampler:
-    """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters."""
-    if temp < 0:
-        raise ValueError(f"temperature must be >= 0, got {temp}")
+    """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters.
+    The values are trusted: generate.Options.check validates a run's options, once."""
     if temp == 0:
         return lambda logprobs, rng: int(np.argmax(logprobs))
     k, p, mp = top_k, top_p, min_p  # the names above are shadowed by the arguments
 
     def sample(logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        lp = log_softmax(logprobs / np.float32(temp))
+        # Shift before dividing: the best token stays at exactly 0, so a temperature as small as 1e-40
+        # sends the others to -inf (greedy) instead of overflowing to inf - inf = NaN.
+        lp = log_softmax((logprobs - np.max(logprobs)) / np.float32(temp))
         lp = _filters(lp, k, p, mp)
         return categorical(lp, rng)
 
@@ -94,8 +95,6 @@ def repetition_penalty(logits: np.ndarray, tokens: Sequence[int], penalty: float
 
 def make_repetition_penalty(penalty: float, last_n: int = 64) -> Processor | None:
     """A processor (logits, tokens so far) -> logits over the last `last_n` tokens (0: all of them)."""
-    if penalty <= 0:
-        raise ValueError(f"repetition penalty must be > 0, got {penalty}")
     if penalty == 1.0:
         return None
 

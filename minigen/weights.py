@@ -10,18 +10,26 @@ read; fused ones are read into memory once, so they cost their size but no secon
 """
 from __future__ import annotations
 
-import json
 import mmap
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from .config import Config
-from .errors import MinigenError
+from .errors import MiB, MinigenError, open_regular, parse_json, read_json_object
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16 read as raw 16 bits
+DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# Every dtype the safetensors format has a whole-byte size for: a header naming another is not valid.
+DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8, "C64": 8}
+# Limits stricter than the safetensors library's (a 100 MB header): the largest checkpoints minigen
+# runs hold ~1,000 tensors in all, ~100 KB of header; a 95 MB header took 18 s to refuse.
+MAX_HEADER = 4 * MiB
+MAX_TENSORS = 16_384   # per file
+MAX_SHARDS = 4_096     # per index (Llama 3.1 405B has 191)
 
 
 @dataclass(frozen=True)
@@ -33,66 +41,152 @@ class TensorRef:
     shape: tuple
     start: int  # absolute byte offset in the file
     nbytes: int
+    file_size: int  # the file's size when its header was read: a file changed since then is refused
 
 
-# --- reading safetensors -------------------------------------------------------------------
+# --- reading safetensors -------------------------------------------------------------------------
+#
+# A safetensors file is an 8-byte little-endian header length N, N bytes of JSON, then the data. The
+# header is validated whole before any tensor is read, as strictly as the safetensors library does:
+# each entry's dtype, shape and data_offsets of the right JSON types; offsets that, sorted, tile the
+# data from 0 to its end with no gap, overlap or trailing byte; each tensor exactly shape x itemsize
+# bytes; no key twice; and a size limit on the header.
 
 def index_checkpoint(path: Path) -> dict[str, TensorRef]:
     """Every tensor of a checkpoint directory: model.safetensors, or the shards its index names."""
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file():
+    if single.exists() or single.is_symlink():
         return read_header(single)
-    if not index.is_file():
+    if not (index.exists() or index.is_symlink()):
         raise MinigenError(f"{path}: no model.safetensors or model.safetensors.index.json")
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise MinigenError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})")
-    refs = {}
-    for shard in shards:
-        if not (path / shard).is_file():
-            raise MinigenError(f"{path / shard}: shard named in {index.name} is missing")
-        refs.update(read_header(path / shard))
+    weight_map = read_json_object(index).get("weight_map")
+    if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
+        raise MinigenError(f"{index}: 'weight_map' should map tensor names to shard file names")
+    shards = sorted(set(weight_map.values()))
+    if len(shards) > MAX_SHARDS:
+        raise MinigenError(f"{index}: names {len(shards):,} shard files, more than minigen reads ({MAX_SHARDS:,})")
+    files = {shard: shard_file(path, shard, index) for shard in shards}
+    refs: dict[str, TensorRef] = {}
+    for shard, file in files.items():
+        for name, ref in read_header(file).items():
+            if name in refs:
+                raise MinigenError(f"{file}: tensor {_short(name)} is also in {refs[name].file.name}")
+            refs[name] = ref
     for name, shard in weight_map.items():
-        if name not in refs or refs[name].file.name != shard:
-            raise MinigenError(f"{index}: tensor {name!r} is not in {shard}")
+        if name not in refs or refs[name].file != files[shard]:
+            raise MinigenError(f"{index}: tensor {_short(name)} is not in {_short(shard)}")
     return refs
 
 
+def shard_file(path: Path, shard: str, index: Path) -> Path:
+    """The file a weight_map entry names, which must lie inside the checkpoint directory: a relative
+    path without `..`, whose directories do not lead out through a symlink. The file itself may be a
+    symlink (the Hugging Face hub cache links every snapshot file to ../../blobs/<hash>)."""
+    parts = PurePosixPath(shard).parts
+    if not shard or "\0" in shard or PurePosixPath(shard).is_absolute() or ".." in parts or shard.endswith("/") \
+            or parts in ((), (".",)):
+        raise MinigenError(f"{index}: shard name {_short(shard)} is not a file name inside the checkpoint directory")
+    file = path / shard
+    root = path.resolve()
+    if not (file.parent.resolve() == root or root in file.parent.resolve().parents):
+        raise MinigenError(f"{index}: shard {_short(shard)} lies outside the checkpoint directory")
+    if not (file.exists() or file.is_symlink()):
+        raise MinigenError(f"{file}: shard named in {index.name} is missing")
+    return file
+
+
 def read_header(file: Path) -> dict[str, TensorRef]:
-    """Parse a safetensors header: 8-byte little-endian length, JSON, then the raw bytes."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
+    """The tensors of one safetensors file, from its validated header; nothing else is read."""
+    f, size = open_regular(file, "safetensors file")
+    with f:
+        if size < 8:
             raise MinigenError(f"{file}: truncated (no safetensors header)")
-        n = int.from_bytes(head, "little")
-        if n > size - 8 or n > 100_000_000:
-            raise MinigenError(f"{file}: corrupt or truncated safetensors header (says {n} bytes, file has {size})")
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            raise MinigenError(f"{file}: corrupt or truncated safetensors file (its header length is larger "
+                               f"than the file)")
+        if n > MAX_HEADER:
+            raise MinigenError(f"{file}: safetensors header larger than minigen reads ({MAX_HEADER // MiB} MiB; "
+                               f"a checkpoint's header is ~100 KB)")
         try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise MinigenError(f"{file}: corrupt safetensors header (not JSON)")
+            text = f.read(n)
+        except OSError as e:
+            raise MinigenError(f"{file}: cannot read the safetensors header ({e.strerror or e})")
+    if text.count(b'"data_offsets"') > MAX_TENSORS:  # a cheap bound before parsing: one per tensor
+        raise _too_many(file)
+    header = parse_json(text, f"{file}: safetensors header", constants=False, unique_keys=True)
     if not isinstance(header, dict):
         raise MinigenError(f"{file}: corrupt safetensors header (not a JSON object)")
-    header.pop("__metadata__", None)
-    return {name: _ref(file, name, info, 8 + n, size) for name, info in header.items()}
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise MinigenError(f"{file}: corrupt safetensors header ('__metadata__' should map strings to strings)")
+    if len(header) > MAX_TENSORS:
+        raise _too_many(file)
+    base = 8 + n
+    entries = [(name, *_entry(file, name, info)) for name, info in header.items()]
+    _check_tiling(file, entries, size - base)
+    return {name: TensorRef(name, file, dtype, shape, base + begin, end - begin, size)
+            for name, dtype, shape, begin, end in entries}
 
 
-def _ref(file: Path, name: str, info: dict, base: int, size: int) -> TensorRef:
-    try:
-        dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-    except (KeyError, TypeError, ValueError):
-        raise MinigenError(f"{file}: tensor {name!r} has a malformed header entry")
-    if dtype not in DTYPES:
-        raise MinigenError(f"{file}: tensor {name!r} has dtype {dtype}; minigen reads F32, F16 and BF16")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
-    if end - begin != nbytes:
-        raise MinigenError(f"{file}: tensor {name!r} says shape {list(shape)} but holds {end - begin} bytes")
-    if base + end > size:
-        raise MinigenError(f"{file}: truncated (tensor {name!r} runs past the end of the file)")
-    return TensorRef(name, file, dtype, shape, base + begin, nbytes)
+def _too_many(file: Path) -> MinigenError:
+    return MinigenError(f"{file}: the safetensors header lists more tensors than minigen reads from one file "
+                        f"({MAX_TENSORS:,})")
+
+
+def _entry(file: Path, name: str, info) -> tuple[str, tuple, int, int]:
+    """(dtype, shape, begin, end) of one header entry, each of the right type and size."""
+    def bad(what: str):
+        raise MinigenError(f"{file}: corrupt safetensors header (tensor {_short(name)}: {what})")
+
+    if not isinstance(info, dict):
+        bad("not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        bad(f"unknown dtype {_short(dtype)}")
+    if not (isinstance(shape, list) and all(_is_index(d) for d in shape)):
+        bad("'shape' should be a list of integers >= 0")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_index(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        bad("'data_offsets' should be [begin, end], integers with 0 <= begin <= end")
+    count = 1
+    for d in shape:  # as the library does: refuse a product past 2**64 at once (no 10**6-digit numbers)
+        count *= d
+        if count >= 2**64:
+            bad(f"shape {_short(shape)} has more elements than any file can hold")
+    if count * DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
+        bad(f"shape {_short(shape)} of {dtype} does not fill its {offsets[1] - offsets[0]} bytes")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _is_index(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64
+
+
+def _check_tiling(file: Path, entries: list, data_size: int):
+    """Sorted by offset, the tensors must cover the data exactly: no gap, no overlap, nothing after."""
+    at = 0
+    for name, _, _, begin, end in sorted(entries, key=lambda e: (e[3], e[4])):
+        if begin != at:
+            what = "overlaps another tensor" if begin < at else "leaves a gap before it"
+            raise MinigenError(f"{file}: corrupt safetensors header (tensor {_short(name)} {what})")
+        at = end
+    if at != data_size:
+        what = "runs past the end of the file" if at > data_size else f"leaves {data_size - at} bytes after the last tensor"
+        raise MinigenError(f"{file}: truncated or corrupt safetensors file (the data {what})")
+
+
+def _short(v, n: int = 80) -> str:
+    text = repr(v)
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def checkpoint_dtypes(path: Path) -> dict[str, int]:
+    """How many tensors of each dtype the checkpoint's files hold, from their headers: the dtype on disk."""
+    counts: dict[str, int] = {}
+    for ref in index_checkpoint(path).values():
+        counts[ref.dtype] = counts.get(ref.dtype, 0) + 1
+    return counts
 
 
 def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
@@ -102,19 +196,28 @@ def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
         return _mapped(ref)
     if out is None:
         out = np.empty(ref.shape, np.float32)
-    if ref.dtype == "F32":
-        with open(ref.file, "rb") as f:
-            f.seek(ref.start)
-            f.readinto(memoryview(out.reshape(-1)).cast("B"))
-        return out
-    raw = np.fromfile(ref.file, DTYPES[ref.dtype], int(np.prod(ref.shape)), offset=ref.start).reshape(out.shape)
+    raw = out if ref.dtype == "F32" else np.empty(out.shape, DTYPES[ref.dtype])
+    with _open(ref) as f:
+        f.seek(ref.start)
+        got = f.readinto(memoryview(raw.reshape(-1)).cast("B")) if raw.size else 0
+    if got != ref.nbytes:
+        raise MinigenError(f"{ref.file}: truncated while reading tensor {_short(ref.name)}")
     if ref.dtype == "BF16":  # bfloat16 is the top half of a float32: widen by shifting 16 bits
         bits = out.view(np.uint32)
         bits[...] = raw                      # no uint32 temporary: widen in place, then shift
         bits <<= 16
-    else:
+    elif ref.dtype == "F16":
         out[...] = raw
     return out
+
+
+def _open(ref: TensorRef):
+    """The tensor's file, still a regular file of the size its header was read from."""
+    f, size = open_regular(ref.file, "safetensors file")
+    if size != ref.file_size:
+        f.close()
+        raise MinigenError(f"{ref.file}: changed while minigen was reading it")
+    return f
 
 
 _maps: "weakref.WeakValueDictionary[tuple, mmap.mmap]" = weakref.WeakValueDictionary()  # alive while arrays use them
@@ -126,8 +229,10 @@ def _mapped(ref: TensorRef) -> np.ndarray:
     key = (str(ref.file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
     mapping = _maps.get(key)
     if mapping is None:
-        with open(ref.file, "rb") as f:
+        with _open(ref) as f:
             mapping = _maps[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if len(mapping) < ref.start + ref.nbytes:
+        raise MinigenError(f"{ref.file}: changed while minigen was reading it")
     count = int(np.prod(ref.shape, dtype=np.int64))
     return np.frombuffer(mapping, np.float32, count, ref.start).reshape(ref.shape)
 
@@ -183,6 +288,7 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
     for prefix in family.prefixes:
         refs = {(k[len(prefix):] if k.startswith(prefix) else k): r for k, r in refs.items()}
     glob_shapes, layer_shapes = expected_shapes(cfg)
+    _check_layer_count(cfg, family, layer_shapes, len(refs), where)
     drop = {t.format(i) for t in family.ignored for i in range(cfg.n_layers)}
     wanted = {}  # checkpoint name -> (layer or None, canonical, part index, part shape)
     plan = [(None, k, s) for k, s in glob_shapes.items()] + \
@@ -204,6 +310,8 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
         ref = refs[name]
         if tuple(ref.shape) != part:
             raise MinigenError(f"{ref.file}: tensor {name!r} has shape {list(ref.shape)}, expected {list(part)}")
+        if ref.dtype not in DTYPES:
+            raise MinigenError(f"{ref.file}: tensor {name!r} has dtype {ref.dtype}; minigen reads F32, F16 and BF16")
         found.setdefault((i, key), {})[j] = ref
     glob, layers = {}, [{} for _ in range(cfg.n_layers)]
     for (i, key), parts in found.items():
@@ -211,6 +319,15 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
         src = Source(tuple(parts[j] for j in sorted(parts)), shape, family.fix.get(key))
         (glob if i is None else layers[i])[key] = src
     return glob, layers
+
+
+def _check_layer_count(cfg: Config, family, layer_shapes: dict, n_tensors: int, where: Path):
+    """Refuse a layer count the checkpoint cannot hold before anything is built per layer: each layer
+    has at least this many tensors, so 10**12 layers fail here, not in a MemoryError."""
+    per_layer = sum(len(_parts(cfg, family, k, s)) for k, s in layer_shapes.items())
+    if cfg.n_layers * per_layer > n_tensors:
+        raise MinigenError(f"{where}: config.json says {cfg.n_layers} layers, but the checkpoint holds only "
+                           f"{n_tensors} tensors, enough for at most {n_tensors // per_layer}")
 
 
 def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple]]:
