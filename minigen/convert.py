@@ -389,7 +389,7 @@ def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], sour
     cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
     family = FAMILIES[cfg.model_type]
     try:
-        resolve(cfg, family, {t.name: TensorRef(t.name, source, "F32", t.shape, 0, 0) for t in tensors}, source)
+        resolve(cfg, family, {t.name: TensorRef(t.name, source, "F32", t.shape, 0, 0, 0) for t in tensors}, source)
     except MinigenError as e:
         to_gguf = {hf: g for g, hf in gguf_arch.tensor_names(arch, family, cfg.n_layers).items()}
         raise MinigenError(re.sub(r"'([^']+)'", lambda mt: f"{to_gguf.get(mt.group(1), '?')} ({mt.group(1)})",
