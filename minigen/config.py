@@ -14,7 +14,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from .errors import MinigenError, read_json_object
+from .errors import MinigenError, is_int, is_number, read_json_object, short
 
 
 MAX_LAYERS = 100_000  # a 16 MiB safetensors header (weights.MAX_HEADER) cannot name more layers
@@ -143,9 +143,9 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
     "temperature": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
-    "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "top_p": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "min_p": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "top_p": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "repetition_penalty": (lambda v: _positive(v), "a positive number"),
 }
 
@@ -190,7 +190,7 @@ class Fields:
             value = self.raw.get(name)
             if value is not None:
                 if not check(value):
-                    raise MinigenError(f"{self.where}: field {name!r} should be {what}, got {_short(value)}")
+                    raise MinigenError(f"{self.where}: field {name!r} should be {what}, got {short(value)}")
                 return value
         if default is ...:
             raise MinigenError(f"{self.where}: missing required field {names[0]!r}")
@@ -198,7 +198,7 @@ class Fields:
 
     def int(self, *names, default=...) -> int:
         """A positive integer no larger than 2**53 (past that, sizes turned into floats overflow)."""
-        return self._first(names, default, lambda v: _is_int(v) and 0 < v <= 2**53, "a positive integer")
+        return self._first(names, default, lambda v: is_int(v) and 0 < v <= 2**53, "a positive integer")
 
     def float(self, *names, default=...) -> float:
         v = self._first(names, default, _positive, "a positive number")
@@ -236,25 +236,12 @@ class Fields:
         return self._first((name,), None, ok, what)
 
     def token_id(self, name: str) -> int | None:
-        return self._first((name,), None, lambda v: _is_int(v) and v >= 0, "a token id (an integer >= 0)")
+        return self._first((name,), None, lambda v: is_int(v) and v >= 0, "a token id (an integer >= 0)")
 
     def token_ids(self, name: str) -> tuple:
-        v = self._first((name,), None, lambda v: (_is_int(v) and v >= 0) or (
-            isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)), "a token id or a list of them")
+        v = self._first((name,), None, lambda v: (is_int(v) and v >= 0) or (
+            isinstance(v, list) and all(is_int(i) and i >= 0 for i in v)), "a token id or a list of them")
         return () if v is None else tuple(v) if isinstance(v, list) else (v,)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- RoPE -----------------------------------------------------------------------------------------
@@ -289,11 +276,11 @@ def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta
     if f["model_type"] == "phi3" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
         kind = "longrope"
     if not _positive(theta):
-        raise MinigenError(f"{where}: rope_theta should be a positive number, got {_short(theta)}")
-    if not (_is_num(partial) and 0 < partial <= 1):
-        raise MinigenError(f"{where}: partial_rotary_factor should be in (0, 1], got {_short(partial)}")
+        raise MinigenError(f"{where}: rope_theta should be a positive number, got {short(theta)}")
+    if not (is_number(partial) and 0 < partial <= 1):
+        raise MinigenError(f"{where}: partial_rotary_factor should be in (0, 1], got {short(partial)}")
     if kind not in ROPE_KINDS:
-        raise MinigenError(f"{where}: unsupported rope scaling type {_short(kind)} "
+        raise MinigenError(f"{where}: unsupported rope scaling type {short(kind)} "
                            f"(minigen supports {', '.join(ROPE_KINDS)})")
     dim = int(f["head_dim"] * partial)
     rope = Rope(theta=float(theta), dim=dim - dim % 2)
@@ -303,9 +290,9 @@ def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where))
     if kind == "llama3":
         original = p.get("original_max_position_embeddings") or f["max_position_embeddings"]
-        if not (_is_int(original) and original > 0):
+        if not (is_int(original) and original > 0):
             raise MinigenError(f"{where}: rope scaling 'llama3' needs a positive integer "
-                               f"'original_max_position_embeddings', got {_short(original)}")
+                               f"'original_max_position_embeddings', got {short(original)}")
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where),
                         low_freq_factor=_number(p, "low_freq_factor", kind, where),
                         high_freq_factor=_number(p, "high_freq_factor", kind, where), original_max=original)
@@ -327,12 +314,12 @@ def _longrope(rope: Rope, p: dict, get: Fields, f: dict, defaults: dict) -> Rope
         factors[name] = tuple(float(x) for x in v)
     factor = p.get("factor") or f["max_position_embeddings"] / original
     if not _positive(factor):
-        raise MinigenError(f"{where}: rope scaling 'longrope' needs a positive number 'factor', got {_short(factor)}")
+        raise MinigenError(f"{where}: rope scaling 'longrope' needs a positive number 'factor', got {short(factor)}")
     attention = p.get("attention_factor")
     if attention is None:  # transformers' default; log(original) is 0 for an original context of 1
         attention = 1.0 if factor <= 1.0 or original < 2 else math.sqrt(1 + math.log(factor) / math.log(original))
     if not _positive(attention):
-        raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {_short(attention)}")
+        raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {short(attention)}")
     return _replace(rope, kind="longrope", original_max=int(original), attention_factor=float(attention), **factors)
 
 
@@ -354,7 +341,7 @@ def _positive(v) -> bool:
 
 def _finite(v) -> bool:
     """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
-    if not _is_num(v):
+    if not is_number(v):
         return False
     try:
         return math.isfinite(v)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import gguf_arch
-from .errors import MinigenError
+from .errors import MinigenError, is_int, short
 from .files import atomic_dir
 from .gguf_tokenizer import special_ids, tokenizer_files
 
@@ -365,8 +365,8 @@ def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
     if i is None:
         return None
     n_tokens = len(m.raw.get("tokenizer.ggml.tokens") or []) or vocab
-    if not gguf_arch._is_int(i) or not 0 <= i < min(vocab, n_tokens):
-        raise MinigenError(f"{m.source}: metadata key {key} is {gguf_arch._short(i)}, not a token id "
+    if not is_int(i) or not 0 <= i < min(vocab, n_tokens):
+        raise MinigenError(f"{m.source}: metadata key {key} is {short(i)}, not a token id "
                            f"(0 to {min(vocab, n_tokens) - 1})")
     return i
 

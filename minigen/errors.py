@@ -15,6 +15,8 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
+
 MiB = 1 << 20
 JSON_LIMIT = 16 * MiB  # config.json, generation_config.json, tokenizer_config.json, index files
 
@@ -118,7 +120,7 @@ def parse_json(text: str | bytes, where: str, *, constants: bool = True, unique_
         obj = dict(items)
         if len(obj) < len(items):
             seen = set()
-            raise ValueError(f"duplicate key {_short(next(k for k, _ in items if k in seen or seen.add(k)))}")
+            raise ValueError(f"duplicate key {short(next(k for k, _ in items if k in seen or seen.add(k)))}")
         return obj
 
     collecting = gc.isenabled()
@@ -145,9 +147,20 @@ def read_json_object(file: Path, limit: int = JSON_LIMIT) -> dict:
     return data
 
 
-def _short(v, n: int = 60) -> str:
+def short(v, n: int = 60) -> str:
+    """repr(v) cut to n characters, for quoting a bad value in a one-line error."""
     text = repr(v)
     return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def is_int(v) -> bool:
+    """An integer that JSON or a caller gave (NumPy's too), not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_number(v) -> bool:
+    """An int or float (NumPy's too), not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def _first_line(e: BaseException) -> str:

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .cache import truncate
-from .errors import MinigenError, OptionError
+from .errors import MinigenError, OptionError, is_int, short
 from .model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
@@ -117,11 +117,11 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 def token_ids(prompt) -> list[int]:
     """A prompt given as ids: a sequence of integers (Python or NumPy), nothing else."""
     if isinstance(prompt, (str, bytes, bytearray, dict)) or not hasattr(prompt, "__iter__"):
-        raise OptionError("prompt", f"should be a string or a list of token ids, got {_short(prompt)}")
+        raise OptionError("prompt", f"should be a string or a list of token ids, got {short(prompt, 40)}")
     ids = list(prompt)
-    bad = next((i for i in ids if not _is_int(i)), None)
+    bad = next((i for i in ids if not is_int(i)), None)
     if bad is not None:
-        raise OptionError("prompt", f"token ids should be integers, got {_short(bad)}")
+        raise OptionError("prompt", f"token ids should be integers, got {short(bad, 40)}")
     return [int(i) for i in ids]
 
 
@@ -146,28 +146,24 @@ class Options:
         """OptionError naming the first option of the wrong type or out of range."""
         real, opt = _is_real, lambda ok: lambda v: v is None or ok(v)
         rules = [
-            ("max_tokens", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+            ("max_tokens", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
             ("temp", opt(lambda v: real(v) and v >= 0), "a number >= 0"),
-            ("top_k", opt(lambda v: _is_int(v) and v >= 0), "an integer >= 0"),
+            ("top_k", opt(lambda v: is_int(v) and v >= 0), "an integer >= 0"),
             ("top_p", opt(lambda v: real(v) and 0 < v <= 1), "a number in (0, 1]"),
             ("min_p", opt(lambda v: real(v) and 0 <= v <= 1), "a number in [0, 1]"),
             ("repeat_penalty", opt(lambda v: real(v) and v > 0), "a number > 0"),
-            ("repeat_last_n", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-            ("seed", opt(lambda v: _is_int(v) and v >= 0), "an integer >= 0"),
+            ("repeat_last_n", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+            ("seed", opt(lambda v: is_int(v) and v >= 0), "an integer >= 0"),
             ("stop", lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
              "a non-empty string or a list of them"),
             ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
-            ("max_context", opt(lambda v: _is_int(v) and v >= 1), "an integer >= 1"),
+            ("max_context", opt(lambda v: is_int(v) and v >= 1), "an integer >= 1"),
             ("record_attention", lambda v: isinstance(v, bool), "true or false"),
         ]
         for name, ok, what in rules:
             value = getattr(self, name)
             if not ok(value):
-                raise OptionError(name, f"should be {what}, got {_short(value)}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                raise OptionError(name, f"should be {what}, got {short(value, 40)}")
 
 
 def _is_real(v) -> bool:
@@ -178,11 +174,6 @@ def _is_real(v) -> bool:
         return math.isfinite(v)
     except OverflowError:
         return False
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -301,9 +292,9 @@ def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, syste
     stop = options.get("stop", ())
     options["stop"] = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
     if not isinstance(chat, bool):
-        raise OptionError("chat", f"should be true or false, got {_short(chat)}")
+        raise OptionError("chat", f"should be true or false, got {short(chat, 40)}")
     if not (system is None or isinstance(system, str)):
-        raise OptionError("system", f"should be a string, got {_short(system)}")
+        raise OptionError("system", f"should be a string, got {short(system, 40)}")
     ids = prompt_ids(tokenizer, prompt, chat, system)
     return Run(model, tokenizer, ids, Options(**options), cache=cache)
 

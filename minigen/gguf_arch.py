@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import MinigenError
+from .errors import MinigenError, is_int, is_number, short
 
 _MAX_DIM = 2**31 - 1  # ggml's dims are int64, but nothing real is near this; larger means a damaged file
 
@@ -47,18 +47,18 @@ class Meta:
             raise MinigenError(f"{self.source}: metadata key {full} is a per-layer list; minigen needs one value "
                                f"for every layer")
         if not check(value):
-            raise MinigenError(f"{self.source}: metadata key {full} should be {what}, got {_short(value)}")
+            raise MinigenError(f"{self.source}: metadata key {full} should be {what}, got {short(value)}")
         return value
 
     def has(self, key: str) -> bool:
         return f"{self.arch}.{key}" in self.raw
 
     def int(self, key: str, default=..., minimum: int = 1) -> int:
-        return self._value(key, default, lambda v: _is_int(v) and minimum <= v <= _MAX_DIM,
+        return self._value(key, default, lambda v: is_int(v) and minimum <= v <= _MAX_DIM,
                            f"an integer from {minimum} to {_MAX_DIM}")
 
     def float(self, key: str, default=...) -> float:
-        v = self._value(key, default, lambda v: _is_num(v) and math.isfinite(v) and v > 0, "a positive number")
+        v = self._value(key, default, lambda v: is_number(v) and math.isfinite(v) and v > 0, "a positive number")
         return v if v is None else _f32(v)
 
     def bool(self, key: str, default=...) -> bool:
@@ -189,10 +189,10 @@ def sliding_pattern(m: Meta, n_layers: int, default: int) -> list[str]:
         if len(value) != n_layers or not all(isinstance(v, (bool, int)) for v in value):
             m.fail("attention.sliding_window_pattern", f"should list one flag for each of the {n_layers} layers")
         flags = [bool(v) for v in value]
-    elif _is_int(value) and 0 <= value <= _MAX_DIM:
+    elif is_int(value) and 0 <= value <= _MAX_DIM:
         flags = [value == 0 or (i + 1) % value != 0 for i in range(n_layers)]
     else:
-        m.fail("attention.sliding_window_pattern", f"should be a layer count or a list of flags, got {_short(value)}")
+        m.fail("attention.sliding_window_pattern", f"should be a layer count or a list of flags, got {short(value)}")
     return ["sliding_attention" if f else "full_attention" for f in flags]
 
 
@@ -446,19 +446,6 @@ def fixed_shape(fix: str | None, shape: tuple) -> tuple:
 
 
 # --- small helpers ------------------------------------------------------------------------------------------
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
 
 def _f32(x: float) -> float:
     """A float32 metadata value as the shortest decimal that round-trips (9.999999747e-06 -> 1e-05)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import MiB, MinigenError, decode_utf8, read_json_object, read_regular
+from .errors import MiB, MinigenError, decode_utf8, read_json_object, read_regular, short
 from .template import render_chat_template
 
 TOKENIZER_LIMIT = 256 * MiB   # tokenizer.json: Gemma 3's is 33 MB
@@ -176,7 +176,7 @@ def check_component(node, where: str):
         check_template_processing(node, where)
     pattern = node.get("Regex")
     if isinstance(pattern, str) and catastrophic(pattern):
-        raise MinigenError(f"{where}: the regular expression {_short(pattern)} can backtrack catastrophically "
+        raise MinigenError(f"{where}: the regular expression {short(pattern)} can backtrack catastrophically "
                            f"(a repeated group around a repeat)")
     for value in node.values():
         check_component(value, where)
@@ -187,12 +187,12 @@ def check_template_processing(node: dict, where: str):
     special = node.get("special_tokens") or {}
     for name, token in special.items():
         if len(token.get("ids", [])) != len(token.get("tokens", [])):
-            raise MinigenError(f"{where}: special token {_short(name)} has {len(token.get('ids', []))} ids "
+            raise MinigenError(f"{where}: special token {short(name)} has {len(token.get('ids', []))} ids "
                                f"but {len(token.get('tokens', []))} tokens")
     for piece in (node.get("single") or []) + (node.get("pair") or []):
         name = piece.get("SpecialToken", {}).get("id") if isinstance(piece, dict) else None
         if name is not None and name not in special:
-            raise MinigenError(f"{where}: the template uses special token {_short(name)}, which it does not define")
+            raise MinigenError(f"{where}: the template uses special token {short(name)}, which it does not define")
 
 
 def catastrophic(pattern: str) -> bool:
@@ -277,7 +277,7 @@ def chat_template(config: dict, where: str) -> str | None:
                                           and isinstance(t.get("template"), str) for t in template):
         return next((t["template"] for t in template if t["name"] == "default"), None)
     raise MinigenError(f"{where}: field 'chat_template' should be a string or a list of "
-                       f"{{\"name\", \"template\"}} strings, got {_short(template)}")
+                       f"{{\"name\", \"template\"}} strings, got {short(template)}")
 
 
 def check_special_tokens(config: dict, where: str):
@@ -285,7 +285,7 @@ def check_special_tokens(config: dict, where: str):
     for name in SPECIAL_TOKENS:
         v = config.get(name)
         if not (v is None or isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("content"), str))):
-            raise MinigenError(f"{where}: field {name!r} should be a string or {{\"content\": string}}, got {_short(v)}")
+            raise MinigenError(f"{where}: field {name!r} should be a string or {{\"content\": string}}, got {short(v)}")
 
 
 @contextmanager
@@ -339,11 +339,6 @@ class _HeldStderr:
             except OSError:
                 pass
         return False
-
-
-def _short(v, n: int = 60) -> str:
-    text = repr(v)
-    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def _first_line(e: BaseException) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from .config import Config
-from .errors import MiB, MinigenError, open_regular, parse_json, read_json_object
+from .errors import MiB, MinigenError, open_regular, parse_json, read_json_object, short
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16 read as raw 16 bits
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -70,11 +70,11 @@ def index_checkpoint(path: Path) -> dict[str, TensorRef]:
     for shard, file in files.items():
         for name, ref in read_header(file).items():
             if name in refs:
-                raise MinigenError(f"{file}: tensor {_short(name)} is also in {refs[name].file.name}")
+                raise MinigenError(f"{file}: tensor {short(name, 80)} is also in {refs[name].file.name}")
             refs[name] = ref
     for name, shard in weight_map.items():
         if name not in refs or refs[name].file != files[shard]:
-            raise MinigenError(f"{index}: tensor {_short(name)} is not in {_short(shard)}")
+            raise MinigenError(f"{index}: tensor {short(name, 80)} is not in {short(shard, 80)}")
     return refs
 
 
@@ -85,11 +85,11 @@ def shard_file(path: Path, shard: str, index: Path) -> Path:
     parts = PurePosixPath(shard).parts
     if not shard or "\0" in shard or PurePosixPath(shard).is_absolute() or ".." in parts or shard.endswith("/") \
             or parts in ((), (".",)):
-        raise MinigenError(f"{index}: shard name {_short(shard)} is not a file name inside the checkpoint directory")
+        raise MinigenError(f"{index}: shard name {short(shard, 80)} is not a file name inside the checkpoint directory")
     file = path / shard
     root = path.resolve()
     if not (file.parent.resolve() == root or root in file.parent.resolve().parents):
-        raise MinigenError(f"{index}: shard {_short(shard)} lies outside the checkpoint directory")
+        raise MinigenError(f"{index}: shard {short(shard, 80)} lies outside the checkpoint directory")
     if not (file.exists() or file.is_symlink()):
         raise MinigenError(f"{file}: shard named in {index.name} is missing")
     return file
@@ -137,13 +137,13 @@ def _too_many(file: Path) -> MinigenError:
 def _entry(file: Path, name: str, info) -> tuple[str, tuple, int, int]:
     """(dtype, shape, begin, end) of one header entry, each of the right type and size."""
     def bad(what: str):
-        raise MinigenError(f"{file}: corrupt safetensors header (tensor {_short(name)}: {what})")
+        raise MinigenError(f"{file}: corrupt safetensors header (tensor {short(name, 80)}: {what})")
 
     if not isinstance(info, dict):
         bad("not an object")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        bad(f"unknown dtype {_short(dtype)}")
+        bad(f"unknown dtype {short(dtype, 80)}")
     if not (isinstance(shape, list) and all(_is_index(d) for d in shape)):
         bad("'shape' should be a list of integers >= 0")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_index(o) for o in offsets)
@@ -153,9 +153,9 @@ def _entry(file: Path, name: str, info) -> tuple[str, tuple, int, int]:
     for d in shape:  # as the library does: refuse a product past 2**64 at once (no 10**6-digit numbers)
         count *= d
         if count >= 2**64:
-            bad(f"shape {_short(shape)} has more elements than any file can hold")
+            bad(f"shape {short(shape, 80)} has more elements than any file can hold")
     if count * DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
-        bad(f"shape {_short(shape)} of {dtype} does not fill its {offsets[1] - offsets[0]} bytes")
+        bad(f"shape {short(shape, 80)} of {dtype} does not fill its {offsets[1] - offsets[0]} bytes")
     return dtype, tuple(shape), offsets[0], offsets[1]
 
 
@@ -169,16 +169,11 @@ def _check_tiling(file: Path, entries: list, data_size: int):
     for name, _, _, begin, end in sorted(entries, key=lambda e: (e[3], e[4])):
         if begin != at:
             what = "overlaps another tensor" if begin < at else "leaves a gap before it"
-            raise MinigenError(f"{file}: corrupt safetensors header (tensor {_short(name)} {what})")
+            raise MinigenError(f"{file}: corrupt safetensors header (tensor {short(name, 80)} {what})")
         at = end
     if at != data_size:
         what = "runs past the end of the file" if at > data_size else f"leaves {data_size - at} bytes after the last tensor"
         raise MinigenError(f"{file}: truncated or corrupt safetensors file (the data {what})")
-
-
-def _short(v, n: int = 80) -> str:
-    text = repr(v)
-    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def checkpoint_dtypes(path: Path) -> dict[str, int]:
@@ -201,7 +196,7 @@ def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
         f.seek(ref.start)
         got = f.readinto(memoryview(raw.reshape(-1)).cast("B")) if raw.size else 0
     if got != ref.nbytes:
-        raise MinigenError(f"{ref.file}: truncated while reading tensor {_short(ref.name)}")
+        raise MinigenError(f"{ref.file}: truncated while reading tensor {short(ref.name, 80)}")
     if ref.dtype == "BF16":  # bfloat16 is the top half of a float32: widen by shifting 16 bits
         bits = out.view(np.uint32)
         bits[...] = raw                      # no uint32 temporary: widen in place, then shift
