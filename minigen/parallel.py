@@ -1,0 +1,101 @@
+"""Both cores for a long prompt: minigen's own threads, with OpenBLAS kept to one thread meanwhile.
+
+NumPy's ufuncs (exp, the norms, SiLU, the softmax arithmetic) run on one core and release the GIL;
+OpenBLAS runs each matrix product on every core. Left alone, a long prompt's forward pass uses half
+the machine between its GEMMs; and threads of our own for that arithmetic fight OpenBLAS's, which keep
+spinning on the same cores waiting for the next GEMM. So a long prompt's forward pass hands out whole
+pieces of work instead (a chunk of rows, from the norm to the MLP; a block of queries in attention)
+to `n_threads()` Python threads, each calling OpenBLAS single-threaded. Decoding (one row) and hooked
+runs stay on the calling thread, with OpenBLAS threading its matrix-vector products as usual.
+
+OpenBLAS's thread count is set through its C API (`openblas_set_num_threads`), looked up with ctypes
+in the copy NumPy loaded. Without one (NumPy built on MKL or Accelerate, or OPENBLAS_NUM_THREADS=1)
+`n_threads()` is 1 and everything runs on the calling thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+
+ROWS = 256  # rows per chunk of a long prompt: a full-speed GEMM, and an MLP whose temporaries stay in cache
+
+
+@lru_cache(maxsize=1)
+def _openblas():
+    """(set_num_threads, threads at first use) of the OpenBLAS NumPy loaded, or None."""
+    for path in _openblas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in [("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")]:
+            get, put = (getattr(lib, f"{prefix}_{f}_num_threads{suffix}", None) for f in ("get", "set"))
+            if get and put:
+                put.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
+                return put, get()
+    return None
+
+
+def _openblas_paths() -> list[str]:
+    """Where the loaded OpenBLAS is: from the process's mappings on Linux, else NumPy's bundled copy."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sorted({line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1]})
+    except OSError:
+        root = os.path.dirname(os.path.dirname(np.__file__))
+        return sorted(glob.glob(os.path.join(root, "numpy*libs", "*openblas*")) +
+                      glob.glob(os.path.join(root, "numpy", ".dylibs", "*openblas*")))
+
+
+def n_threads() -> int:
+    """How many threads a long prompt's forward pass uses: as many as OpenBLAS had."""
+    blas = _openblas()
+    return 1 if blas is None else max(1, blas[1])
+
+
+def row_chunks(n_rows: int) -> list[slice]:
+    """The rows of a forward pass cut for `run`: one chunk for a short input (a decode step), else
+    chunks of about ROWS rows, as many as a multiple of the thread count so that no thread idles."""
+    threads = n_threads()
+    if threads == 1 or n_rows < 64:
+        return [slice(0, n_rows)]
+    n = threads * -(-n_rows // (ROWS * threads))
+    bounds = np.linspace(0, n_rows, n + 1).round().astype(int)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+_local = threading.local()   # .worker: True in the pool's threads, where `run` must not wait on the pool
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def run(tasks: Sequence[Callable[[], object]]) -> list:
+    """Each task's result, in order. One task, or one thread: called here. Else on the pool, which
+    takes tasks in order as threads come free (put the longest first), OpenBLAS on one thread meanwhile."""
+    if len(tasks) == 1 or n_threads() == 1 or getattr(_local, "worker", False):
+        return [task() for task in tasks]
+    put, threads = _openblas()
+    put(1)
+    try:
+        return list(pool().map(_call, tasks))
+    finally:
+        put(threads)
+
+
+def _call(task):
+    _local.worker = True
+    return task()
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's pool of n_threads() threads (made again in a forked child, which has no threads)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = os.getpid(), ThreadPoolExecutor(n_threads(), thread_name_prefix="minigen")
+    return _pool[1]
