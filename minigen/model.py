@@ -76,7 +76,7 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, rec
     attention works on each row alone, so a long prompt's rows go in chunks to parallel threads
     (parallel.py); with hooks, in one chunk, so that each hook sees every row."""
     chunks = [slice(None)] if hooks else parallel.row_chunks(len(x))
-    parts = parallel.run([partial(qkv_heads, attn_in(x[r], p, cfg), p, cfg, rows_of(rope, r)) for r in chunks])
+    parts = parallel.run([partial(heads_of, x[r], p, cfg, rows_of(rope, r)) for r in chunks])
     q, k, v = (a[0] if len(a) == 1 else np.concatenate(a, axis=1) for a in zip(*parts))  # (H, T, d), (KV, T, d) x2
     z = attend_heads(q, k, v, cfg, i, cache, record, hooks)                  # (T, H, d)
     parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks])
@@ -85,8 +85,9 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, rec
     return x
 
 
-def attn_in(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
-    return norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x
+def heads_of(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of rows of the residual stream x: the attention's norm, then qkv_heads."""
+    return qkv_heads(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, rope)
 
 
 def rows_of(rope, r: slice):

@@ -24,12 +24,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-ROWS = 256  # rows per chunk of a long prompt: a full-speed GEMM, and an MLP whose temporaries stay in cache
+ROWS = 512  # rows per chunk of a long prompt: GEMMs near full speed, MLP temporaries of a few MB
 
 
 @lru_cache(maxsize=1)
 def _openblas():
-    """(set_num_threads, threads at first use) of the OpenBLAS NumPy loaded, or None."""
+    """(set_num_threads, get_num_threads) of the OpenBLAS NumPy loaded, or None."""
     for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path)
@@ -39,7 +39,7 @@ def _openblas():
             get, put = (getattr(lib, f"{prefix}_{f}_num_threads{suffix}", None) for f in ("get", "set"))
             if get and put:
                 put.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
-                return put, get()
+                return put, get
     return None
 
 
@@ -54,10 +54,11 @@ def _openblas_paths() -> list[str]:
                       glob.glob(os.path.join(root, "numpy", ".dylibs", "*openblas*")))
 
 
+@lru_cache(maxsize=1)
 def n_threads() -> int:
-    """How many threads a long prompt's forward pass uses: as many as OpenBLAS had."""
+    """How many threads a long prompt's forward pass uses: as many as OpenBLAS had at first use."""
     blas = _openblas()
-    return 1 if blas is None else max(1, blas[1])
+    return 1 if blas is None else max(1, blas[1]())
 
 
 def row_chunks(n_rows: int) -> list[slice]:
@@ -67,11 +68,11 @@ def row_chunks(n_rows: int) -> list[slice]:
     if threads == 1 or n_rows < 64:
         return [slice(0, n_rows)]
     n = threads * -(-n_rows // (ROWS * threads))
-    bounds = np.linspace(0, n_rows, n + 1).round().astype(int)
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [slice(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
 
 
 _local = threading.local()   # .worker: True in the pool's threads, where `run` must not wait on the pool
+_lock = threading.Lock()     # one `run` at a time, so that each gives OpenBLAS back the threads it found
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -80,12 +81,14 @@ def run(tasks: Sequence[Callable[[], object]]) -> list:
     takes tasks in order as threads come free (put the longest first), OpenBLAS on one thread meanwhile."""
     if len(tasks) == 1 or n_threads() == 1 or getattr(_local, "worker", False):
         return [task() for task in tasks]
-    put, threads = _openblas()
-    put(1)
-    try:
-        return list(pool().map(_call, tasks))
-    finally:
-        put(threads)
+    put, get = _openblas() or (lambda n: None, lambda: None)
+    with _lock:
+        before = get()
+        put(1)
+        try:
+            return list(pool().map(_call, tasks))
+        finally:
+            put(before)
 
 
 def _call(task):
