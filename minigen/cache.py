@@ -1,7 +1,9 @@
 """The growing KV cache: one per layer, preallocated, written at an offset, grown geometrically.
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
-the buffers are only reallocated when full, doubling, never re-concatenated every step.
+the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
+filled part is ever read, so the buffers start empty rather than zeroed: capacity not yet written
+costs no memory (np.zeros would have malloc clear, and so touch, much of it up front).
 
 Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each head is then a
 contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
@@ -17,8 +19,8 @@ class KVCache:
     """Keys and values of one layer; `offset` positions are filled."""
 
     def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
-        self.keys_t = np.zeros((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
-        self.values = np.zeros((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
+        self.keys_t = np.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
+        self.values = np.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
         self.offset = 0
 
     @property
@@ -37,8 +39,8 @@ class KVCache:
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
-        keys_t = np.zeros(self.keys_t.shape[:2] + (capacity,), np.float32)
-        values = np.zeros((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
+        keys_t = np.empty(self.keys_t.shape[:2] + (capacity,), np.float32)
+        values = np.empty((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
         keys_t[:, :, :self.offset] = self.keys_t[:, :, :self.offset]
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys_t, self.values = keys_t, values

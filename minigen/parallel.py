@@ -17,8 +17,9 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -71,34 +72,53 @@ def row_chunks(n_rows: int) -> list[slice]:
     return [slice(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
 
 
-_local = threading.local()   # .worker: True in the pool's threads, where `run` must not wait on the pool
+_local = threading.local()   # .worker: True while a thread runs tasks, where `run` must not wait on the pool
 _lock = threading.Lock()     # one `run` at a time, so that each gives OpenBLAS back the threads it found
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def run(tasks: Sequence[Callable[[], object]]) -> list:
-    """Each task's result, in order. One task, or one thread: called here. Else on the pool, which
-    takes tasks in order as threads come free (put the longest first), OpenBLAS on one thread meanwhile."""
+    """Each task's result, in order. One task, or one thread: called here. Else the calling thread and
+    n_threads() - 1 helpers take tasks in order as they come free (so put the longest first), with
+    OpenBLAS on one thread meanwhile."""
     if len(tasks) == 1 or n_threads() == 1 or getattr(_local, "worker", False):
         return [task() for task in tasks]
+    todo, results = queue.SimpleQueue(), [None] * len(tasks)
+    for item in enumerate(tasks):
+        todo.put(item)
+
+    def work():
+        _local.worker = True
+        try:
+            while True:
+                try:
+                    i, task = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = task()
+        finally:
+            _local.worker = False
+
     put, get = _openblas() or (lambda n: None, lambda: None)
     with _lock:
         before = get()
         put(1)
         try:
-            return list(pool().map(_call, tasks))
+            helpers = [pool().submit(work) for _ in range(n_threads() - 1)]
+            try:
+                work()
+            finally:
+                wait(helpers)
+            for helper in helpers:
+                helper.result()   # raises a helper's exception here
         finally:
             put(before)
-
-
-def _call(task):
-    _local.worker = True
-    return task()
+    return results
 
 
 def pool() -> ThreadPoolExecutor:
-    """The process's pool of n_threads() threads (made again in a forked child, which has no threads)."""
+    """The process's n_threads() - 1 helper threads (made again in a forked child, which has none)."""
     global _pool
     if _pool is None or _pool[0] != os.getpid():
-        _pool = os.getpid(), ThreadPoolExecutor(n_threads(), thread_name_prefix="minigen")
+        _pool = os.getpid(), ThreadPoolExecutor(n_threads() - 1, thread_name_prefix="minigen")
     return _pool[1]

@@ -9,8 +9,8 @@ own for each round, the engines taking turns (minigen, transformers, llama.cpp, 
 noisy machine slows them alike, and each process warms up on a short prompt before it measures.
 
 - minigen: `generate_step`. Its process also times NumPy's floor for one decode step right before each
-  decode: x @ w.T once over every weight matrix, as a step needs them (the GEMVs alone); and its peak RSS
-  after each length (shortest first, so each figure is that length's peak).
+  prompt: x @ w.T once over every weight matrix, as a step needs them (the GEMVs alone). Peak RSS is
+  measured apart, once per length: a fresh process that loads the model and runs that one generation.
 - transformers: float32, eager attention, torch at --threads threads, run by --hf-python (default: this
   interpreter if it imports torch and transformers, else $MINIGEN_REF_PYTHON, else /root/ref/bin/python).
 - llama.cpp: `llama-bench` (from --llama-bin: default $LLAMA_CPP_BIN, else the llama-cpp-python build
@@ -83,8 +83,20 @@ def worker_minigen(args) -> dict:
     for n in args.lengths:
         floor_s = roofline(model, np, 5)
         prefill, decode, tokens = run(prompts[str(n)])
-        out[n] = dict(prefill=prefill, decode=decode, floor_s=floor_s, tokens=tokens, rss_mb=peak_rss_mb())
+        out[n] = dict(prefill=prefill, decode=decode, floor_s=floor_s, tokens=tokens)
     return dict(load_s=load_s, lengths=out, weight_mb=weight_bytes(model) / 2**20)
+
+
+def worker_minigen_rss(args) -> dict:
+    """Peak RSS of one generation as a user runs it: load, then the prompt and its decode, nothing else."""
+    import minigen
+    from minigen.generate import generate_step
+
+    model, _ = minigen.load(args.model)
+    for _ in generate_step(model, json.loads(Path(args.prompts).read_text())[str(args.lengths[0])],
+                           max_tokens=args.gen_tokens + 1):
+        pass
+    return dict(rss_mb=peak_rss_mb())
 
 
 def weight_bytes(model) -> int:
@@ -181,7 +193,8 @@ def worker_chart(args) -> dict:
     return {}
 
 
-WORKERS = {"minigen": worker_minigen, "transformers": worker_transformers, "chart": worker_chart}
+WORKERS = {"minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
+           "chart": worker_chart}
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------
@@ -235,11 +248,11 @@ def run_llama(args, bin_dir: Path, gguf: Path) -> dict | None:
 
 # --- the driver --------------------------------------------------------------------------------------
 
-def run_worker(name: str, python: str, args, stdin: str | None = None) -> dict | None:
+def run_worker(name: str, python: str, args, stdin: str | None = None, lengths: list[int] | None = None) -> dict | None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
            "MKL_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     cmd = [python, __file__, "--worker", name, "--model", str(args.model), "--threads", str(args.threads),
-           "--gen-tokens", str(args.gen_tokens), "--lengths", ",".join(map(str, args.lengths)),
+           "--gen-tokens", str(args.gen_tokens), "--lengths", ",".join(map(str, lengths or args.lengths)),
            "--prompts", str(args.prompts), "--chart", str(args.chart)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
@@ -270,8 +283,7 @@ def summarize(runs: dict, args) -> dict:
     floor = {n: med([1 / r["lengths"][n]["floor_s"] for r in mg]) for n in map(str, args.lengths)} if mg else {}
     of_floor = {n: med([r["lengths"][n]["decode"] * r["lengths"][n]["floor_s"] for r in mg])
                 for n in map(str, args.lengths)} if mg else {}
-    rss = {n: med([r["lengths"][n]["rss_mb"] for r in mg]) for n in map(str, args.lengths)} if mg else {}
-    return dict(median=median, floor=floor, of_floor=of_floor, rss=rss, lengths=args.lengths,
+    return dict(median=median, floor=floor, of_floor=of_floor, lengths=args.lengths,
                 gen_tokens=args.gen_tokens, weight_mb=mg[0]["weight_mb"] if mg else None)
 
 
@@ -305,7 +317,7 @@ def report(summary: dict, runs: dict, args):
             f"{1000 / summary['floor'][n]:.1f} ms ({summary['floor'][n]:.1f} tok/s) before the {n}-token run"
             for n in map(str, args.lengths)))
         print(f"weights: {summary['weight_mb']:.0f} MiB float32; minigen peak RSS / weights: " + ", ".join(
-            f"{summary['rss'][n] / summary['weight_mb']:.2f} at {n}" for n in map(str, args.lengths)))
+            f"{summary['rss'][n] / summary['weight_mb']:.3f} at {n}" for n in map(str, args.lengths) if n in summary["rss"]))
     if runs.get("minigen") and runs.get("transformers"):
         for n in map(str, args.lengths):
             a, b = runs["minigen"][-1]["lengths"][n]["tokens"], runs["transformers"][-1]["lengths"][n]["tokens"]
@@ -365,6 +377,12 @@ def main():
         if not runs.get("minigen"):
             sys.exit(1)
         summary = summarize(runs, args)
+        summary["rss"] = {}
+        for n in args.lengths:
+            print(f"peak RSS: minigen, {n} tokens ...", file=sys.stderr, flush=True)
+            result = run_worker("minigen-rss", sys.executable, args, lengths=[n])
+            if result:
+                summary["rss"][str(n)] = result["rss_mb"]
         summary["title"] = f"{args.model.name}, float32, {args.threads} threads"
         report(summary, runs, args)
         if args.json:
