@@ -76,10 +76,11 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, rec
     attention works on each row alone, so a long prompt's rows go in chunks to parallel threads
     (parallel.py); with hooks, in one chunk, so that each hook sees every row."""
     chunks = [slice(None)] if hooks else parallel.row_chunks(len(x))
-    parts = parallel.run([partial(heads_of, x[r], p, cfg, rows_of(rope, r)) for r in chunks])
+    threads = parallel.threads_for(len(x))
+    parts = parallel.run([partial(heads_of, x[r], p, cfg, rows_of(rope, r)) for r in chunks], threads)
     q, k, v = (a[0] if len(a) == 1 else np.concatenate(a, axis=1) for a in zip(*parts))  # (H, T, d), (KV, T, d) x2
     z = attend_heads(q, k, v, cfg, i, cache, record, hooks)                  # (T, H, d)
-    parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks])
+    parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks], threads)
     if hooks:
         hooks.resid(i, x)
     return x

@@ -2,11 +2,17 @@
 
 NumPy's ufuncs (exp, the norms, SiLU, the softmax arithmetic) run on one core and release the GIL;
 OpenBLAS runs each matrix product on every core. Left alone, a long prompt's forward pass uses half
-the machine between its GEMMs; and threads of our own for that arithmetic fight OpenBLAS's, which keep
-spinning on the same cores waiting for the next GEMM. So a long prompt's forward pass hands out whole
-pieces of work instead (a chunk of rows, from the norm to the MLP; a block of queries in attention)
-to `n_threads()` Python threads, each calling OpenBLAS single-threaded. Decoding (one row) and hooked
-runs stay on the calling thread, with OpenBLAS threading its matrix-vector products as usual.
+the machine between its GEMMs. So from SPLIT_ROWS rows on, the forward pass hands out whole pieces of
+work (a chunk of rows, from the norm to the MLP; a block of queries in attention) to `n_threads()`
+threads, the calling one included, each calling OpenBLAS single-threaded. Shorter inputs, decoding
+and hooked runs stay on the calling thread with OpenBLAS threading its products as usual: there its
+two-thread GEMM (one packed copy of the weights for both cores) beats two single-threaded GEMMs on
+half the rows each by more than the ufuncs gain (128 rows: 30 % slower split; 512 rows: 5 % faster).
+
+The two kinds of threads must not overlap. OpenBLAS's idle threads spin after each call, 2^28 cycles
+(~0.1 s) by default, on the cores our threads want: a prompt started right after a decode step ran at
+half speed. minigen/__init__.py sets OPENBLAS_THREAD_TIMEOUT=22 (~1.5 ms, still longer than the gaps
+between a decode step's products) unless set; OpenBLAS reads it once, when NumPy loads it.
 
 OpenBLAS's thread count is set through its C API (`openblas_set_num_threads`), looked up with ctypes
 in the copy NumPy loaded. Without one (NumPy built on MKL or Accelerate, or OPENBLAS_NUM_THREADS=1)
@@ -25,7 +31,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-ROWS = 512  # rows per chunk of a long prompt: GEMMs near full speed, MLP temporaries of a few MB
+SPLIT_ROWS = 512   # from here on a forward pass splits its work (measured on 2 cores, see above)
+ROWS = 512         # rows per chunk: GEMMs near full speed, MLP temporaries of a few MB
 
 
 @lru_cache(maxsize=1)
@@ -62,11 +69,16 @@ def n_threads() -> int:
     return 1 if blas is None else max(1, blas[1]())
 
 
+def threads_for(n_rows: int) -> int:
+    """How many threads a forward pass over n_rows rows uses: all of them from SPLIT_ROWS on, else one."""
+    return n_threads() if n_rows >= SPLIT_ROWS else 1
+
+
 def row_chunks(n_rows: int) -> list[slice]:
-    """The rows of a forward pass cut for `run`: one chunk for a short input (a decode step), else
-    chunks of about ROWS rows, as many as a multiple of the thread count so that no thread idles."""
-    threads = n_threads()
-    if threads == 1 or n_rows < 64:
+    """The rows of a forward pass cut for `run`: one chunk below SPLIT_ROWS, else chunks of at most
+    ROWS rows, as many as a multiple of the thread count so that no thread idles."""
+    threads = threads_for(n_rows)
+    if threads == 1:
         return [slice(0, n_rows)]
     n = threads * -(-n_rows // (ROWS * threads))
     return [slice(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
@@ -77,11 +89,11 @@ _lock = threading.Lock()     # one `run` at a time, so that each gives OpenBLAS 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def run(tasks: Sequence[Callable[[], object]]) -> list:
-    """Each task's result, in order. One task, or one thread: called here. Else the calling thread and
-    n_threads() - 1 helpers take tasks in order as they come free (so put the longest first), with
+def run(tasks: Sequence[Callable[[], object]], threads: int) -> list:
+    """Each task's result, in order. One thread (or task): called here. Else the calling thread and
+    threads - 1 helpers take tasks in order as they come free (so put the longest first), with
     OpenBLAS on one thread meanwhile."""
-    if len(tasks) == 1 or n_threads() == 1 or getattr(_local, "worker", False):
+    if threads == 1 or len(tasks) == 1 or getattr(_local, "worker", False):
         return [task() for task in tasks]
     todo, results = queue.SimpleQueue(), [None] * len(tasks)
     for item in enumerate(tasks):
@@ -104,7 +116,7 @@ def run(tasks: Sequence[Callable[[], object]]) -> list:
         before = get()
         put(1)
         try:
-            helpers = [pool().submit(work) for _ in range(n_threads() - 1)]
+            helpers = [pool().submit(work) for _ in range(min(threads, n_threads()) - 1)]
             try:
                 work()
             finally:

@@ -61,10 +61,10 @@ def peak_rss_mb() -> float:
 # --- workers: one engine per process; each prints one JSON line --------------------------------------
 
 def worker_minigen(args) -> dict:
-    import numpy as np
-
-    import minigen
+    import minigen  # first, as a user's program would: it sets OpenBLAS up before NumPy loads it
     from minigen.generate import generate_step
+
+    import numpy as np
 
     start = time.perf_counter()
     model, _ = minigen.load(args.model)
