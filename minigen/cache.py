@@ -29,13 +29,23 @@ class KVCache:
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v (n_kv, T, head_dim); return views of all keys and values (n_kv, offset, head_dim)."""
-        end = self.offset + k.shape[1]
+        k_new, v_new = self.extend(k.shape[1])
+        k_new[...] = k
+        v_new[...] = v
+        return self.fetch()
+
+    def extend(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Room for n more positions: views (n_kv, n, head_dim) of their keys and values for the caller
+        to fill (a long prompt's row chunks fill theirs on parallel threads); the offset moves past them."""
+        end = self.offset + n
         if end > self.capacity:
             self._grow(end)
-        self.keys_t[:, :, self.offset:end] = k.transpose(0, 2, 1)
-        self.values[:, self.offset:end] = v
-        self.offset = end
-        return self.keys_t[:, :, :end].transpose(0, 2, 1), self.values[:, :end]
+        start, self.offset = self.offset, end
+        return self.keys_t[:, :, start:end].transpose(0, 2, 1), self.values[:, start:end]
+
+    def fetch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Views (n_kv, offset, head_dim) of all keys and values so far."""
+        return self.keys_t[:, :, :self.offset].transpose(0, 2, 1), self.values[:, :self.offset]
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)

@@ -74,21 +74,25 @@ def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], rec
 def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, record, hooks) -> np.ndarray:
     """One decoder layer on the residual stream x (T, D), updated in place and returned. All but
     attention works on each row alone, so a long prompt's rows go in chunks to parallel threads
-    (parallel.py); with hooks, in one chunk, so that each hook sees every row."""
-    chunks = [slice(None)] if hooks else parallel.row_chunks(len(x))
-    threads = parallel.threads_for(len(x))
-    parts = parallel.run([partial(heads_of, x[r], p, cfg, rows_of(rope, r)) for r in chunks], threads)
-    q, k, v = (a[0] if len(a) == 1 else np.concatenate(a, axis=1) for a in zip(*parts))  # (H, T, d), (KV, T, d) x2
-    z = attend_heads(q, k, v, cfg, i, cache, record, hooks)                  # (T, H, d)
+    (parallel.py), each writing its q, k and v in place; with hooks, in one chunk, so that each hook
+    sees every row."""
+    T = len(x)
+    chunks, threads = ([slice(0, T)], 1) if hooks else (parallel.row_chunks(T), parallel.threads_for(T))
+    offset = cache.offset
+    q = np.empty((cfg.n_heads, T, cfg.head_dim), np.float32)                 # (H, T, d)
+    k, v = cache.extend(T)                                                   # (KV, T, d) views into the cache
+    parallel.run([partial(heads_into, x[r], p, cfg, rows_of(rope, r), q[:, r], k[:, r], v[:, r])
+                  for r in chunks], threads)
+    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
     parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks], threads)
     if hooks:
         hooks.resid(i, x)
     return x
 
 
-def heads_of(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v of rows of the residual stream x: the attention's norm, then qkv_heads."""
-    return qkv_heads(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, rope)
+def heads_into(x: np.ndarray, p: dict, cfg: Config, rope, q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """Rows of the residual stream x through the attention's norm and qkv_heads, into q, k and v."""
+    q[...], k[...], v[...] = qkv_heads(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, rope)
 
 
 def rows_of(rope, r: slice):
@@ -179,16 +183,18 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
 def attention_block(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope,
                     record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """The attention block on x (T, D), already normed: what it adds to the residual stream (T, D)."""
-    z = attend_heads(*qkv_heads(x, p, cfg, rope), cfg, i, cache, record, hooks)   # (T, H, d)
+    q, k, v = qkv_heads(x, p, cfg, rope)
+    offset = cache.offset
+    cache.update_and_fetch(k, v)
+    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
     return linear(z.reshape(len(x), -1), p["wo"], p.get("bo"))
 
 
-def attend_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: Config, i: int, cache: KVCache,
-                 record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
-    """The new q (H, T, d), k and v (KV, T, d) through the cache and causal attention: each head's
-    output z (T, H, d). Appends the weights (H, T, S) to `record` when it is a list."""
-    offset = cache.offset
-    k, v = cache.update_and_fetch(k, v)                                      # (KV, S, d)
+def heads_output(q: np.ndarray, cache: KVCache, offset: int, cfg: Config, i: int, record: list | None = None,
+                 hooks: Hooks | None = None) -> np.ndarray:
+    """Causal attention of q (H, T, d), at positions offset.., over the cache: each head's output z
+    (T, H, d). Appends the weights (H, T, S) to `record` when it is a list."""
+    k, v = cache.fetch()                                                     # (KV, S, d)
     out, weights = causal_attention(q, k, v, offset, cfg.window(i), record is not None,
                                     cfg.attn_scale, cfg.attn_softcap)        # (H, T, d), (H, T, S)
     if record is not None:
