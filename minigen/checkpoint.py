@@ -3,7 +3,6 @@ the tokenizer files -> a Tokenizer. `minigen.load(path)` returns both, as mlx-lm
 """
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 from .config import load_config
@@ -11,6 +10,7 @@ from .errors import MinigenError, read_json_object
 from .families import FAMILIES
 from .layers import activation
 from .model import Model
+from .parallel import release_free_heap
 from .tokenizer import Tokenizer
 from .weights import load_params
 
@@ -21,17 +21,8 @@ def load(path: str | Path) -> tuple[Model, Tokenizer]:
     if not path.is_dir():
         raise MinigenError(f"{path}: no such checkpoint directory")
     tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
-    release_free_heap()
+    release_free_heap()  # what the tokenizer's JSON parse left in malloc's heap: ~16 MB for the default model
     return load_model(path), tokenizer
-
-
-def release_free_heap() -> None:
-    """Hand the heap pages malloc still holds after the tokenizer's JSON parse back to the system:
-    about 16 MB of the default model's peak RSS. glibc's malloc_trim; elsewhere nothing happens."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError, TypeError):
-        pass
 
 
 def load_model(path: str | Path) -> Model:

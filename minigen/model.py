@@ -68,6 +68,8 @@ def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], rec
     tables = rope_for(cfg, positions)
     for i in range(cfg.n_layers if n_layers is None else n_layers):
         x = layer(x, params["layers"][i], cfg, i, cache[i], tables.get(rope_of(cfg, i)), record, hooks)
+    if parallel.threads_for(len(ids)) > 1:
+        parallel.release_free_heap()
     return x
 
 

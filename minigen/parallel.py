@@ -128,6 +128,16 @@ def run(tasks: Sequence[Callable[[], object]], threads: int) -> list:
     return results
 
 
+def release_free_heap() -> None:
+    """Hand the heap pages malloc keeps after frees back to the system (glibc's malloc_trim; elsewhere
+    nothing happens). After a split forward pass, each helper thread's malloc arena still holds that
+    pass's temporaries, which decoding, on the calling thread, never reuses: ~3 MB of peak RSS."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError, TypeError):
+        pass
+
+
 def pool() -> ThreadPoolExecutor:
     """The process's n_threads() - 1 helper threads (made again in a forked child, which has none)."""
     global _pool
