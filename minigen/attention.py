@@ -6,7 +6,9 @@ plain 2-D arrays, no mask. `causal_attention` is how the model uses it: grouped-
 G query heads of a KV head stacked as G*T rows against that one K and V (shared, never copied per
 query head; query head h reads KV head h // G, HF's order), and long prompts cut into blocks of
 query rows so that keys a block cannot see (the future, or past the sliding window) are skipped
-rather than computed and masked, and only the keys a block might not see get a mask.
+rather than computed and masked, and only the keys a block might not see get a mask. Each block is
+the same formula, rearranged for speed (`_attend_block`); a long prompt's blocks run on parallel
+threads (parallel.py). Tests hold the two to each other.
 """
 from __future__ import annotations
 
