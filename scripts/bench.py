@@ -272,7 +272,8 @@ def find_hf_python(arg: str | None) -> str | None:
 
 
 def summarize(runs: dict, args) -> dict:
-    """Medians over rounds: {engine: {n: {prefill, decode}}}, minigen's floor (tok/s) and RSS per length."""
+    """Medians over rounds: {engine: {n: {prefill, decode}}}, and per length minigen's floor (tok/s) and
+    its decode as a fraction of the floor measured beside it."""
     med = statistics.median
     median = {}
     for engine, rounds in runs.items():
@@ -294,7 +295,7 @@ def report(summary: dict, runs: dict, args):
     ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}×"
     cols = ["prompt", "minigen prefill"] + [f"{e} prefill" for e in others] + [f"÷ {e}" for e in others] + \
            ["minigen decode"] + [f"{e} decode" for e in others] + [f"÷ {e}" for e in others] + \
-           ["decode / floor", "peak RSS"]
+           ["decode / floor", "minigen peak RSS"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for n in map(str, args.lengths):
