@@ -4,9 +4,14 @@
     logits = model.logits(tokenizer.encode("Hello"))                # (T, vocab) float32
     text = minigen.generate(model, tokenizer, "Hello", max_tokens=20)  # or minigen.stream(...) for pieces
 """
-from .checkpoint import load
-from .errors import MinigenError
-from .generate import generate, stream
-from .model import Model
+import os
+
+# Before NumPy loads OpenBLAS: its idle threads then spin ~1.5 ms after a call, not ~0.1 s (parallel.py).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
+
+from .checkpoint import load  # noqa: E402
+from .errors import MinigenError  # noqa: E402
+from .generate import generate, stream  # noqa: E402
+from .model import Model  # noqa: E402
 
 __all__ = ["load", "Model", "MinigenError", "generate", "stream"]

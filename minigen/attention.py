@@ -6,11 +6,18 @@ plain 2-D arrays, no mask. `causal_attention` is how the model uses it: grouped-
 G query heads of a KV head stacked as G*T rows against that one K and V (shared, never copied per
 query head; query head h reads KV head h // G, HF's order), and long prompts cut into blocks of
 query rows so that keys a block cannot see (the future, or past the sliding window) are skipped
-rather than computed and masked, and only the keys a block might not see get a mask.
+rather than computed and masked, and only the keys a block might not see get a mask. Each block is
+the same formula, rearranged for speed (`_attend_block`); a long prompt's blocks run on parallel
+threads (parallel.py). Tests hold the two to each other.
 """
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import numpy as np
+
+from . import parallel
 
 NEG = np.finfo(np.float32).min  # masked score: exp(NEG - max) is exactly 0, and never NaN
 
@@ -66,29 +73,64 @@ def block_mask(q_start: int, q_stop: int, k_start: int, k_stop: int, window: int
     return mask
 
 
-BLOCK = 128  # query rows per block: big enough for BLAS, small enough that scores stay in cache
+BLOCK = 64   # query rows per block: a full-speed GEMM, and scores small enough to stay in cache
+LOG2E = np.float32(math.log2(math.e))
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
                      want_weights: bool = False, scale: float | None = None,
                      softcap: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """q (H, T, d) at positions offset.., k and v (KV, S, d) with S = offset + T, H = G * KV; `scale`
-    and `softcap` as in `attend`. Returns out (H, T, d) and, when asked, the weights (H, T, S) with
-    exact zeros where masked."""
-    (H, T, d), KV, S = q.shape, k.shape[0], k.shape[1]
-    G = H // KV
-    out = np.empty((H, T, v.shape[-1]), np.float32)
-    weights = np.zeros((H, T, S), np.float32) if want_weights else None
-    for start in range(0, T, BLOCK):
-        stop = min(T, start + BLOCK)
+    and `softcap` as in `attend`. Returns out (H, T, d), a view of a (T, H, d) array, and, when asked,
+    the weights (H, T, S) with exact zeros where masked. The blocks of a long prompt run on parallel
+    threads (parallel.py), the longest first."""
+    (H, T, d), KV = q.shape, k.shape[0]
+    out = np.empty((T, H, v.shape[-1]), np.float32).transpose(1, 0, 2)      # (H, T, d); (T, H, d) in memory
+    weights = np.zeros((H, T, k.shape[1]), np.float32) if want_weights else None
+    q = q.reshape(KV, H // KV, T, d)                                          # (KV, G, T, d)
+
+    def block(start: int, stop: int):
         lo = 0 if window is None else max(0, offset + start - window + 1)   # first key any row sees
         hi = offset + stop                                                    # one past the last
         # without a window only the block's own keys need a mask: the triangle on the diagonal
         mask = None if stop - start == 1 else \
             block_mask(offset + start, offset + stop, offset + start if window is None else lo, hi, window)
-        qb = q[:, start:stop].reshape(KV, G * (stop - start), d)              # (KV, G B, d)
-        o, w = attend(qb, k[:, lo:hi], v[:, lo:hi], None if mask is None else np.tile(mask, (G, 1)), scale, softcap)
-        out[:, start:stop] = o.reshape(H, stop - start, -1)                  # o (KV, G B, d)
+        o, w = _attend_block(q[:, :, start:stop], k[:, lo:hi], v[:, lo:hi], mask, scale, softcap, want_weights)
+        out[:, start:stop] = o                                                # o (H, B, d)
         if want_weights:
-            weights[:, start:stop, lo:hi] = w.reshape(H, stop - start, hi - lo)
+            weights[:, start:stop, lo:hi] = w
+
+    parallel.run([partial(block, start, min(T, start + BLOCK)) for start in reversed(range(0, T, BLOCK))],
+                 parallel.threads_for(T))
     return out, weights
+
+
+def _attend_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float | None,
+                  softcap: float | None, want_weights: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """`attend` for one block of queries q (KV, G, B, d) against k, v (KV, S', d), G query heads per
+    KV head stacked as G*B rows (K and V shared, never copied); mask (B, S') or None. Two changes
+    that give the same numbers, faster: the softmax is taken in base 2, exp2(s log2 e - max) being
+    exp(s - max) (NumPy's float32 exp2 is about twice as fast as its exp; FlashAttention does the
+    same), with log2 e folded into the scale; and the rows are normalised after the product with V,
+    on d columns instead of S'. Returns out (H, B, d) and the weights (H, B, S') when asked."""
+    KV, G, B, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if softcap is None:
+        scores = (q * np.float32(scale * LOG2E)).reshape(KV, G * B, d) @ np.swapaxes(k, -1, -2)   # (KV, G B, S')
+    else:  # Gemma 2: cap * tanh(s / cap) on the scaled scores, then into base 2
+        scores = (q * np.float32(scale / softcap)).reshape(KV, G * B, d) @ np.swapaxes(k, -1, -2)
+        np.tanh(scores, out=scores)
+        scores *= np.float32(softcap * LOG2E)
+    if mask is not None:
+        rows = scores.reshape(KV, G, B, -1)                                   # the mask broadcast over heads
+        np.copyto(rows[..., rows.shape[-1] - mask.shape[-1]:], NEG, where=~mask)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp2(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)                                # (KV, G B, 1)
+    out = scores @ v                                                          # (KV, G B, d)
+    np.reciprocal(total, out=total)
+    out *= total
+    if want_weights:
+        scores *= total
+        return out.reshape(KV * G, B, -1), scores.reshape(KV * G, B, -1)
+    return out.reshape(KV * G, B, -1), None

@@ -1,7 +1,9 @@
 """The growing KV cache: one per layer, preallocated, written at an offset, grown geometrically.
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
-the buffers are only reallocated when full, doubling, never re-concatenated every step. Cutting it
+the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
+filled part is ever read, so the buffers start empty rather than zeroed: capacity not yet written
+costs no memory (np.zeros would have malloc clear, and so touch, much of it up front). Cutting it
 back (`truncate`, for a conversation whose new turn shares only a prefix with what was computed) only
 moves the offset: the rows beyond it are overwritten by the next writes.
 
@@ -19,8 +21,8 @@ class KVCache:
     """Keys and values of one layer; `offset` positions are filled."""
 
     def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
-        self.keys_t = np.zeros((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
-        self.values = np.zeros((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
+        self.keys_t = np.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
+        self.values = np.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
         self.offset = 0
 
     @property
@@ -29,13 +31,23 @@ class KVCache:
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v (n_kv, T, head_dim); return views of all keys and values (n_kv, offset, head_dim)."""
-        end = self.offset + k.shape[1]
+        k_new, v_new = self.extend(k.shape[1])
+        k_new[...] = k
+        v_new[...] = v
+        return self.fetch()
+
+    def extend(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Room for n more positions: views (n_kv, n, head_dim) of their keys and values for the caller
+        to fill (a long prompt's row chunks fill theirs on parallel threads); the offset moves past them."""
+        end = self.offset + n
         if end > self.capacity:
             self._grow(end)
-        self.keys_t[:, :, self.offset:end] = k.transpose(0, 2, 1)
-        self.values[:, self.offset:end] = v
-        self.offset = end
-        return self.keys_t[:, :, :end].transpose(0, 2, 1), self.values[:, :end]
+        start, self.offset = self.offset, end
+        return self.keys_t[:, :, start:end].transpose(0, 2, 1), self.values[:, start:end]
+
+    def fetch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Views (n_kv, offset, head_dim) of all keys and values so far."""
+        return self.keys_t[:, :, :self.offset].transpose(0, 2, 1), self.values[:, :self.offset]
 
     def truncate(self, n: int):
         """Keep the first n positions (0 <= n <= offset); later writes start at n."""
@@ -45,8 +57,8 @@ class KVCache:
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
-        keys_t = np.zeros(self.keys_t.shape[:2] + (capacity,), np.float32)
-        values = np.zeros((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
+        keys_t = np.empty(self.keys_t.shape[:2] + (capacity,), np.float32)
+        values = np.empty((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
         keys_t[:, :, :self.offset] = self.keys_t[:, :, :self.offset]
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys_t, self.values = keys_t, values

@@ -49,8 +49,9 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
     tokens = [int(t) for t in prompt_ids]
     max_context = max_context or model.config.max_position_embeddings
     check_prompt(len(tokens), max_context)
+    if rng is None and sampler is not None:  # greedy (no sampler) draws nothing: numpy.random stays unloaded (6 MB)
+        rng = np.random.default_rng()
     sampler = sampler or make_sampler(0.0)
-    rng = rng if rng is not None else np.random.default_rng()
     # Room for the prompt and a first stretch of tokens; the cache doubles when full, so a huge
     # max_tokens or context (10**12 in a config) costs nothing until tokens are actually generated.
     if cache is None:
@@ -229,10 +230,11 @@ class Run:
 
     def steps(self) -> Iterator[Step]:
         o, s = self.options, self.settings
-        sampler = make_sampler(s["temp"], s["top_k"], s["top_p"], s["min_p"])
+        greedy = s["temp"] == 0
+        sampler = None if greedy else make_sampler(s["temp"], s["top_k"], s["top_p"], s["min_p"])
         penalty = make_repetition_penalty(s["repeat_penalty"], o.repeat_last_n)
         return generate_step(self.model, self.prompt, sampler, [penalty] if penalty else [],
-                             np.random.default_rng(o.seed), o.max_tokens,
+                             None if greedy else np.random.default_rng(o.seed), o.max_tokens,
                              () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
                              o.record_attention, self.cache)
 

@@ -17,10 +17,12 @@ which each family sets in families.py. A layer is
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from . import parallel
 from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config
@@ -66,12 +68,44 @@ def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], rec
     tables = rope_for(cfg, positions)
     for i in range(cfg.n_layers if n_layers is None else n_layers):
         x = layer(x, params["layers"][i], cfg, i, cache[i], tables.get(rope_of(cfg, i)), record, hooks)
+    if parallel.threads_for(len(ids)) > 1:
+        parallel.release_free_heap()
     return x
 
 
 def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, record, hooks) -> np.ndarray:
-    """One decoder layer on the residual stream x (T, D), updated in place and returned."""
-    a = attention_block(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, i, cache, rope, record, hooks)
+    """One decoder layer on the residual stream x (T, D), updated in place and returned. All but
+    attention works on each row alone, so a long prompt's rows go in chunks to parallel threads
+    (parallel.py), each writing its q, k and v in place; with hooks, in one chunk, so that each hook
+    sees every row."""
+    T = len(x)
+    chunks, threads = ([slice(0, T)], 1) if hooks else (parallel.row_chunks(T), parallel.threads_for(T))
+    offset = cache.offset
+    q = np.empty((cfg.n_heads, T, cfg.head_dim), np.float32)                 # (H, T, d)
+    k, v = cache.extend(T)                                                   # (KV, T, d) views into the cache
+    parallel.run([partial(heads_into, x[r], p, cfg, rows_of(rope, r), q[:, r], k[:, r], v[:, r])
+                  for r in chunks], threads)
+    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
+    parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks], threads)
+    if hooks:
+        hooks.resid(i, x)
+    return x
+
+
+def heads_into(x: np.ndarray, p: dict, cfg: Config, rope, q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """Rows of the residual stream x through the attention's norm and qkv_heads, into q, k and v."""
+    q[...], k[...], v[...] = qkv_heads(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, rope)
+
+
+def rows_of(rope, r: slice):
+    """The RoPE tables (cos, sin), each (T, dim), for the rows r, or None."""
+    return None if rope is None else (rope[0][r], rope[1][r])
+
+
+def after_attention(x: np.ndarray, z: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> None:
+    """The rest of the layer on rows of x (T, D), in place, from the heads' outputs z (T, H, d):
+    the output projection, the residual adds and the MLP."""
+    a = linear(z.reshape(len(z), -1), p["wo"], p.get("bo"))                 # (T, D)
     if cfg.post_norms:
         a = norm(a, p, cfg, "attn_post_norm")
     if hooks:
@@ -83,9 +117,6 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, rec
         x += a
         m = mlp_out(norm(x, p, cfg, "mlp_norm") if cfg.pre_norms else x, p, cfg, i, hooks)
     x += m
-    if hooks:
-        hooks.resid(i, x)
-    return x
 
 
 def mlp_out(x: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> np.ndarray:
@@ -153,18 +184,25 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
 
 def attention_block(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope,
                     record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
-    T, H, d = x.shape[0], cfg.n_heads, cfg.head_dim
+    """The attention block on x (T, D), already normed: what it adds to the residual stream (T, D)."""
     q, k, v = qkv_heads(x, p, cfg, rope)
     offset = cache.offset
-    k, v = cache.update_and_fetch(k, v)                                      # (KV, S, d)
+    cache.update_and_fetch(k, v)
+    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
+    return linear(z.reshape(len(x), -1), p["wo"], p.get("bo"))
+
+
+def heads_output(q: np.ndarray, cache: KVCache, offset: int, cfg: Config, i: int, record: list | None = None,
+                 hooks: Hooks | None = None) -> np.ndarray:
+    """Causal attention of q (H, T, d), at positions offset.., over the cache: each head's output z
+    (T, H, d). Appends the weights (H, T, S) to `record` when it is a list."""
+    k, v = cache.fetch()                                                     # (KV, S, d)
     out, weights = causal_attention(q, k, v, offset, cfg.window(i), record is not None,
                                     cfg.attn_scale, cfg.attn_softcap)        # (H, T, d), (H, T, S)
     if record is not None:
         record.append(weights)
-    z = out.transpose(1, 0, 2)                                               # (T, H, d)
-    if hooks:
-        z = hooks.z(i, z)
-    return linear(z.reshape(T, H * d), p["wo"], p.get("bo"))
+    z = out.transpose(1, 0, 2)                                               # (T, H, d), contiguous
+    return hooks.z(i, z) if hooks else z
 
 
 def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:

@@ -156,22 +156,25 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
     assert np.abs(mbf.params["embed"] - weights["model.embed_tokens.weight"]).max() < 0.01
 
 
-@pytest.mark.parametrize("offset,window", [(0, None), (7, None), (0, 20), (5, 70), (0, 1)])
-def test_blocked_causal_attention_equals_one_masked_softmax(offset, window):
-    # 150 query rows span three blocks; keys a block cannot see are skipped, not masked
+@pytest.mark.parametrize("offset,window,scale,cap", [(0, None, None, None), (7, None, None, None), (0, 20, None, None),
+                                                     (5, 70, None, None), (0, 1, None, None), (3, None, 0.7, None),
+                                                     (0, 30, 0.7, 2.0)])
+def test_blocked_causal_attention_equals_one_masked_softmax(offset, window, scale, cap):
+    # 150 query rows span three blocks; keys a block cannot see are skipped, not masked; each block
+    # takes its softmax in base 2 (with the scale and Gemma 2's soft-cap folded in), `attend` in e
     from minigen.attention import BLOCK, causal_attention
     rng = np.random.default_rng(0)
     H, KV, T, d = 6, 2, 2 * BLOCK + 22, 8
     q = rng.standard_normal((H, T, d)).astype(np.float32)
     k, v = rng.standard_normal((2, KV, offset + T, d)).astype(np.float32)
-    out, weights = causal_attention(q, k, v, offset, window, want_weights=True)
+    out, weights = causal_attention(q, k, v, offset, window, want_weights=True, scale=scale, softcap=cap)
     # reference: every head against its KV head (h // G), one full mask
     kv_of = np.arange(H) // (H // KV)
-    ref_out, ref_w = attend(q, k[kv_of], v[kv_of], causal_mask(T, offset, window))
+    ref_out, ref_w = attend(q, k[kv_of], v[kv_of], causal_mask(T, offset, window), scale, cap)
     np.testing.assert_allclose(weights, ref_w, atol=1e-6)
     np.testing.assert_allclose(out, ref_out, atol=1e-5)
     assert np.all(weights[ref_w == 0] == 0)
-    out2, none = causal_attention(q, k, v, offset, window)
+    out2, none = causal_attention(q, k, v, offset, window, scale=scale, softcap=cap)
     assert none is None and np.array_equal(out, out2)
 
 
