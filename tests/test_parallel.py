@@ -43,11 +43,17 @@ FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference.npz"))
 
 
+def halved(rope):
+    """The same RoPE on half the dims (longrope keeps one factor per rotated pair)."""
+    d = rope.dim // 2 - rope.dim // 2 % 2
+    return replace(rope, dim=d, short_factor=rope.short_factor[:d // 2], long_factor=rope.long_factor[:d // 2])
+
+
 def variants(cfg):
     """The fixture's own config, and the forward pass's other branches on the same weights."""
-    half = tuple(None if r is None else replace(r, dim=r.dim // 2) for r in cfg.rope)
-    return {"as is": cfg, "soft-cap": replace(cfg, attn_softcap=2.0), "parallel residual":
-            replace(cfg, parallel_residual=True), "partial rope": replace(cfg, rope=half),
+    half = tuple(None if r is None else halved(r) for r in cfg.rope)
+    parallel = {"parallel residual": replace(cfg, parallel_residual=True)} if cfg.pre_norms else {}  # needs mlp_norm
+    return {"as is": cfg, "soft-cap": replace(cfg, attn_softcap=2.0), **parallel, "partial rope": replace(cfg, rope=half),
             "window on odd layers": replace(cfg, sliding_window=9, layer_types=tuple(
                 "sliding_attention" if i % 2 else "full_attention" for i in range(cfg.n_layers))),
             "no rope in layer 0": replace(cfg, rope=(None,) + cfg.rope[1:])}
