@@ -141,7 +141,9 @@ def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -
     if is_converted(out):
         return out
     plan = read_plan(source)  # a damaged file fails here, before anything is announced or written
-    note(f"converting {source.name} into {out} (float32, done once for this file)")
+    if sys.stderr.isatty():  # beside the progress bar; otherwise said once it worked, so that a file damaged
+        # in its tensor data (found only while converting) still gives a one-line error
+        note(f"converting {source.name} into {out} (float32, done once for this file)")
     start = time.perf_counter()
     try:
         result = convert_gguf(source, out, "float32", progress, plan=plan,
@@ -150,7 +152,8 @@ def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -
         if is_converted(out):  # another process converted it at the same time: use theirs
             return out
         raise
-    note(f"converted in {time.perf_counter() - start:.1f} s ({result.nbytes / 1e6:.0f} MB)")
+    note(f"converted {source.name} into {out} (float32, done once for this file) in "
+         f"{time.perf_counter() - start:.1f} s ({result.nbytes / 1e6:.0f} MB)")
     _remove_stale(out, identity["path"], note)
     return out
 

@@ -165,7 +165,7 @@ class _Header:
         meta = {}
         for i in range(n_kv):
             self.what = f"metadata key #{i}"
-            key = self.string()
+            key = self.name()
             self.what = f"metadata key {key}"
             if key in meta:
                 self.fail("appears twice")
@@ -175,6 +175,7 @@ class _Header:
         if not (isinstance(align, int) and 0 < align <= 1 << 20 and align & (align - 1) == 0):
             raise MinigenError(f"{self.source}: metadata key general.alignment should be a power of two, got {align!r}")
         data = self.pos + (-self.pos % align)
+        self.check_offsets(infos, align, len(self.buf) - data)
         out = {}
         for name, qtype, dims, offset in infos:
             if name in out:
@@ -186,7 +187,7 @@ class _Header:
         from gguf import GGMLQuantizationType
 
         self.what = f"tensor #{i}"
-        name = self.string()
+        name = self.name()
         self.what = f"tensor {name}"
         n_dims = self.scalar("<u4")
         if not 1 <= n_dims <= 4:
@@ -198,6 +199,34 @@ class _Header:
         except ValueError:
             self.fail(f"has an unknown tensor type {kind}")
         return name, qtype, dims, offset
+
+    def check_offsets(self, infos: list, align: int, room: int) -> None:
+        """Tensor data laid out as llama.cpp writes it and its loader insists: in directory order, each tensor
+        at the running offset, padded to the alignment. A changed type, shape or offset then cannot make a
+        tensor read another's bytes or the file's gaps. Stops at a tensor whose size cannot be computed
+        (unknown to gguf, or rows not a whole number of blocks): _layout names what is wrong with it."""
+        import gguf
+
+        expected = 0
+        for name, qtype, dims, offset in infos:
+            if offset != expected:
+                raise MinigenError(f"{self.source}: tensor {name} starts at byte {offset} of the data, expected "
+                                   f"{expected} (tensors follow each other, padded to {align} bytes)")
+            block, type_size = gguf.GGML_QUANT_SIZES.get(qtype, (0, 0))
+            if not block or any(d < 1 for d in dims) or dims[0] % block:
+                return
+            n = int(np.prod(dims, dtype=object)) // block * type_size
+            expected += n + (-n % align)
+            if expected > room + (-n % align):
+                raise MinigenError(f"{self.source}: truncated file: tensor {name} runs past the end of the file")
+
+    def name(self) -> str:
+        """A metadata key or tensor name: printable text of at most 256 characters (llama.cpp allows 63 for
+        tensors), so that an error quoting it stays one readable line."""
+        text = self.string()
+        if not text or len(text) > 256 or not text.isprintable():
+            self.fail(f"has a name that is not a short line of printable text ({short(text)})")
+        return text
 
     def value(self, kind: int):
         if kind == _STRING:
@@ -427,14 +456,14 @@ def _dequantise(plan: Plan, t: _Tensor):
     for start in range(0, t.rows, step):
         n = min(step, t.rows - start)
         w = _dequantise_rows(plan.source, t.offset + start * t.row_bytes, t.row_bytes, n, t.qtype, t.gguf_name)
+        if not np.isfinite(w).all():  # before any arithmetic on it: a signalling NaN would warn
+            raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
+                               f"dequantisation; the file is damaged")
         if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
             w = gguf_arch.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
                                     plan.config)
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
-        if not np.isfinite(w).all():
-            raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
-                               f"dequantisation; the file is damaged")
         yield w
 
 

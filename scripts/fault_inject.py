@@ -5,7 +5,8 @@ streams, all derived from the fixtures in tests/fixtures, run against minigen as
     python scripts/fault_inject.py --fast          # the CI subset (tests/test_faults.py runs it)
     python scripts/fault_inject.py --seed 7        # another corpus: the seed picks tensors, offsets, values
     python scripts/fault_inject.py -k template -v  # only cases whose name contains 'template'; show each
-    python scripts/fault_inject.py --gguf          # add corrupted GGUFs for `minigen convert`
+    python scripts/fault_inject.py --gguf          # add corrupted GGUFs (metadata values; llama.cpp's files
+                                                   # damaged field by field) for `convert` and `--model F.gguf`
 
 Each case builds its files in a fresh temporary directory and runs one command (`minigen ...` in a
 forked child with limits on time and memory, a Python API call, or a real `python -m minigen` process
@@ -63,6 +64,7 @@ class Run:
     proc: Callable | None = None
     check: Callable | None = None   # (code, stdout, stderr, dir) -> a problem (str) or None
     timeout: float | None = None
+    env: dict = field(default_factory=dict)   # set in the child before it runs ("{dir}" is the case's directory)
 
 
 @dataclass
@@ -1082,6 +1084,151 @@ def _converted_loads(out: Path):
     return check
 
 
+# --- GGUF bytes: llama.cpp's own files from tests/fixtures/gguf, damaged field by field (behind --gguf) -----
+
+GGUF_FILES = ("llama", "mistral", "gemma3", "gpt_neox", "phi3_longrope", "qwen3", "olmo2", "quants")
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # value type -> bytes
+
+
+def gguf_fields(buf: bytes) -> tuple[list[tuple[str, int, int, str]], int]:
+    """Every field of a well-formed GGUF header as (label, position, size, kind), and where the data
+    starts. Kinds: version, count, strlen, vtype, atype, acount, value, ndims, dim, ttype, toffset."""
+    fields, pos = [("version", 4, 4, "version")], 8
+
+    def u(n, at):
+        return int.from_bytes(buf[at:at + n], "little")
+    n_tensors, n_kv = u(8, pos), u(8, pos + 8)
+    fields += [("n_tensors", pos, 8, "count"), ("n_kv", pos + 8, 8, "count")]
+    pos += 16
+    align = 32
+    for _ in range(n_kv):
+        klen = u(8, pos)
+        key = buf[pos + 8:pos + 8 + klen].decode()
+        fields.append((f"{key}:key-length", pos, 8, "strlen"))
+        pos += 8 + klen
+        vtype = u(4, pos)
+        fields.append((f"{key}:type", pos, 4, "vtype"))
+        pos += 4
+        if vtype == 8:
+            fields.append((f"{key}:length", pos, 8, "strlen"))
+            pos += 8 + u(8, pos)
+        elif vtype == 9:
+            atype, count = u(4, pos), u(8, pos + 4)
+            fields += [(f"{key}:item-type", pos, 4, "atype"), (f"{key}:count", pos + 4, 8, "acount")]
+            pos += 12
+            if atype == 8:
+                if count:
+                    fields.append((f"{key}:first-length", pos, 8, "strlen"))
+                for _ in range(count):
+                    pos += 8 + u(8, pos)
+            else:
+                pos += count * _GGUF_SCALAR[atype]
+        else:
+            if key == "general.alignment":
+                align = u(_GGUF_SCALAR[vtype], pos)
+            fields.append((f"{key}:value", pos, _GGUF_SCALAR[vtype], "value"))
+            pos += _GGUF_SCALAR[vtype]
+    for _ in range(n_tensors):
+        nlen = u(8, pos)
+        name = buf[pos + 8:pos + 8 + nlen].decode()
+        fields.append((f"{name}:name-length", pos, 8, "strlen"))
+        pos += 8 + nlen
+        nd = u(4, pos)
+        fields.append((f"{name}:n_dims", pos, 4, "ndims"))
+        pos += 4
+        fields += [(f"{name}:dim{j}", pos + 8 * j, 8, "dim") for j in range(nd)]
+        pos += 8 * nd
+        fields += [(f"{name}:type", pos, 4, "ttype"), (f"{name}:offset", pos + 4, 8, "toffset")]
+        pos += 12
+    return fields, pos + (-pos % align)
+
+
+def _gguf_mutations(buf: bytes, rng: random.Random) -> list[tuple[str, Callable[[bytearray], None]]]:
+    """(label, change in place) for one file: every count and version, a seeded sample of the other fields
+    with values chosen per kind, truncations, and flipped bytes in the header and in the data."""
+    fields, data_start = gguf_fields(buf)
+    size = len(buf)
+
+    def put(pos, n, v):
+        def change(b: bytearray):
+            b[pos:pos + n] = (v % (1 << (8 * n))).to_bytes(n, "little")
+        return change
+
+    def cut(n):
+        def change(b: bytearray):
+            del b[n:]
+        return change
+
+    def flip(pos, mask):
+        def change(b: bytearray):
+            b[pos] ^= mask
+        return change
+
+    def cur(pos, n):
+        return int.from_bytes(buf[pos:pos + n], "little")
+
+    values = {
+        "version": [1, 4, 0, 2**32 - 1, 0x03000000],
+        "count": [0, 1, -1, 2**63, 2**64 - 1, "+1", "-1"],
+        "strlen": [0, 2**63, 2**64 - 1, size, "+1", "-1"],
+        "vtype": [13, 99, 2**31, 8, 9, 6, 10, 4, 0],
+        "atype": [9, 13, 99, 8, 0, 10],
+        "acount": [0, 2**62, 2**64 - 1, "+1", "-1"],
+        "value": [0, 2**31 - 1, 2**64 - 1, "-1"],
+        "ndims": [0, 3, 5, 2**32 - 1],
+        "dim": [0, 1, 2**32, 2**62, 2**64 - 1, "*2", "-1"],
+        "ttype": [4, 5, 99, 2**31, 0, 1, 2, 8, 30],
+        "toffset": [1, 2**62, 2**64 - 1, size, "+1", "-32", "+32"],
+    }
+    always = {"version", "count"}
+    out = []
+    for label, pos, n, kind in fields:
+        if kind not in always and rng.random() > 0.12:
+            continue
+        seen = {cur(pos, n)}
+        for v in values[kind]:
+            if isinstance(v, str):
+                v = {"+": cur(pos, n) + int(v[1:]), "-": cur(pos, n) - int(v[1:]), "*": cur(pos, n) * int(v[1:])}[v[0]]
+            v %= 1 << (8 * n)
+            if v not in seen:
+                seen.add(v)
+                out.append((f"{label}={v}", put(pos, n, v)))
+    for n in sorted({0, 3, 4, 8, 20, data_start - 1, data_start, data_start + 7, size - 1,
+                     *(rng.randrange(24, data_start) for _ in range(4)), *(rng.randrange(data_start, size) for _ in range(2))}):
+        out.append((f"truncated-at-{n}", cut(n)))
+    for _ in range(10):
+        pos = rng.randrange(4, data_start)
+        out.append((f"header-byte-{pos}^ff", flip(pos, 0xFF)))
+    for _ in range(6):
+        pos = rng.randrange(data_start, size)
+        out.append((f"data-byte-{pos}^7f", flip(pos, 0x7F)))
+    return out
+
+
+def gguf_byte_cases(rng: random.Random, full: bool) -> list[Case]:
+    """llama.cpp-made GGUFs of several architectures and quantisations, each damaged in one field (or cut
+    short, or a byte flipped), through `minigen convert` and, for a sample, `generate --model FILE.gguf`
+    (converted into a cache under the case's directory). A file that converts must then load and generate."""
+    cases = []
+    for stem in GGUF_FILES:
+        src = FIXTURES / "gguf" / f"{stem}.gguf"
+        if not src.is_file():
+            continue
+        buf = src.read_bytes()
+        for label, change in _gguf_mutations(buf, rng):
+            def setup(d: Path, buf=buf, change=change, stem=stem, via_model=rng.random() < 0.25) -> Run:
+                b = bytearray(buf)
+                change(b)
+                f = d / f"{stem}.gguf"
+                f.write_bytes(bytes(b))
+                if via_model:
+                    return Run(args=["generate", "--model", str(f), "-m", "3", "-q", "hi"],
+                               env={"MINIGEN_WEIGHTS": "{dir}/weights"}, timeout=30)
+                return Run(args=["convert", str(f), str(d / "out")], check=_converted_loads(d / "out"), timeout=30)
+            cases.append(Case("gguf-bytes", f"{stem}/{label}", setup, "either"))
+    return cases
+
+
 # --- running ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -1096,7 +1243,7 @@ class Result:
 def all_cases(seed: int = 0, full: bool = True, with_gguf: bool = False) -> list[Case]:
     rng = random.Random(seed)
     makers = [safetensors_cases, index_cases, config_cases, generation_config_cases, tokenizer_cases,
-              template_cases, flag_cases, api_cases, process_cases] + ([gguf_cases] if with_gguf else [])
+              template_cases, flag_cases, api_cases, process_cases] + ([gguf_cases, gguf_byte_cases] if with_gguf else [])
     return check_unique([c for make in makers for c in make(random.Random(rng.random()), full)])
 
 
@@ -1107,13 +1254,16 @@ def check_unique(cases: list[Case]) -> list[Case]:
     return cases
 
 
-def fast_cases(seed: int = 0, size: int = 160) -> list[Case]:
-    """The CI subset: every key case, then a seeded sample of the rest of the small corpus."""
+def fast_cases(seed: int = 0, size: int = 160, gguf_size: int = 36) -> list[Case]:
+    """The CI subset: every key case, then a seeded sample of the rest of the small corpus, and a seeded
+    sample of the damaged GGUFs."""
     cases = all_cases(seed, full=False)
     key = [c for c in cases if c.key]
     rest = [c for c in cases if not c.key]
-    random.Random(seed).shuffle(rest)
-    return key + rest[:max(0, size - len(key))]
+    rng = random.Random(seed)
+    rng.shuffle(rest)
+    ggufs = gguf_byte_cases(random.Random(seed), False)
+    return check_unique(key + rest[:max(0, size - len(key))] + rng.sample(ggufs, min(gguf_size, len(ggufs))))
 
 
 def classify(case: Case, run: Run, code: int | None, out: bytes, err: bytes, d: Path, timed_out: bool) -> tuple[str, str]:
@@ -1167,6 +1317,7 @@ def _child(run: Run, d: Path, mem_limit: int) -> int:
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+    os.environ.update({k: v.replace("{dir}", str(d)) for k, v in run.env.items()})
     os.chdir(d)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

@@ -508,3 +508,63 @@ def test_output_under_proc_fails_before_any_work(tmp_path):
     r = convert(src, Path("/proc/minigen-convert-test"))
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and "/proc/minigen-convert-test" in r.output
     assert not Path("/proc/minigen-convert-test").exists()
+
+
+# --- llama.cpp's own files, damaged: the tensor data layout, names, and --model --------------------------
+
+LLAMA_CPP_GGUF = FIXTURES_DIR / "gguf" / "llama.gguf"   # written by llama.cpp's convert_hf_to_gguf.py
+
+
+def _tensor_field(name: str):
+    """(position of the type field, position of the offset field) of a tensor in LLAMA_CPP_GGUF, found with
+    the gguf package's own reader."""
+    t = next(t for t in gguf.GGUFReader(LLAMA_CPP_GGUF).tensors if t.name == name)
+    n_dims = len(t.shape)
+    at = t.field.offset + 8 + len(name) + 4 + 8 * n_dims
+    return at, at + 4
+
+
+@pytest.mark.parametrize("change", ["type", "offset"])
+def test_tensor_data_must_follow_llama_cpps_layout(tmp_path, change):
+    """A tensor's type changed (F32 <-> F16) or its offset moved would read other bytes as weights; llama.cpp refuses such files and so does minigen, naming the tensor after it or the tensor."""
+    data = bytearray(LLAMA_CPP_GGUF.read_bytes())
+    type_at, offset_at = _tensor_field("blk.0.attn_norm.weight")
+    if change == "type":
+        old = int.from_bytes(data[type_at:type_at + 4], "little")
+        new = Q.F16 if old == Q.F32 else Q.F32                              # half or twice the bytes
+        data[type_at:type_at + 4] = int(new).to_bytes(4, "little")
+        words = ("starts at byte", "expected")
+    else:
+        old = int.from_bytes(data[offset_at:offset_at + 8], "little")
+        data[offset_at:offset_at + 8] = (old + 32).to_bytes(8, "little")
+        words = ("blk.0.attn_norm.weight", "starts at byte", "expected")
+    (tmp_path / "d.gguf").write_bytes(bytes(data))
+    assert_fails_cleanly(tmp_path, tmp_path / "d.gguf", *words)
+
+
+def test_a_garbled_name_is_quoted_on_one_line(tmp_path):
+    """A key whose length field is damaged reads other bytes (newlines, control bytes) as its name: the
+    error quotes them escaped, on one line."""
+    data = bytearray(LLAMA_CPP_GGUF.read_bytes())
+    at = gguf.GGUFReader(LLAMA_CPP_GGUF).fields["tokenizer.ggml.model"].offset
+    data[at:at + 8] = (60).to_bytes(8, "little")   # the name runs on into the value's bytes
+    (tmp_path / "d.gguf").write_bytes(bytes(data))
+    line = assert_fails_cleanly(tmp_path, tmp_path / "d.gguf", "not a short line of printable text")
+    assert line.isprintable()
+
+
+def test_model_gguf_damaged_in_its_data_gives_one_line(tmp_path):
+    """Damage found only while converting (NaN weights) through --model FILE.gguf: one line on stderr (the
+    note saying where it converts comes after it worked, or in a terminal), and no cache entry left."""
+    def nan(name, t):
+        if name == "blk.1.attn_output.weight":
+            t = t.copy()
+            t[0, 0] = np.inf
+        return name, t
+    src = write_gguf(GQA3, tmp_path / "m.gguf", tensor_hook=nan)
+    r = CliRunner().invoke(main, ["generate", "--model", str(src), "-m", "2", "hi"],
+                           env={"MINIGEN_WEIGHTS": str(tmp_path / "w")})
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minigen: error: ") and "blk.1.attn_output.weight" in lines[0], r.stderr
+    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file()]

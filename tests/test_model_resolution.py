@@ -151,9 +151,9 @@ def test_gguf_file_is_converted_once_into_the_cache(hub, tmp_path):
     assert first.exit_code == 0, first.output
     cache = tmp_path / "weights" / "gguf"
     (out,) = list(cache.iterdir())
-    assert f"minigen: converting tiny.gguf into {out}" in first.stderr
+    assert f"minigen: converted tiny.gguf into {out}" in first.stderr
     second = cli("generate", "--model", src, "Once upon a time", "-m", 5, "--ignore-eos", "-q")
-    assert second.exit_code == 0 and second.stdout == first.stdout and "converting" not in second.stderr
+    assert second.exit_code == 0 and second.stdout == first.stdout and "convert" not in second.stderr
     model, _ = minigen.load(src)
     assert model.path == out
     np.testing.assert_allclose(model.logits(ref["input_ids"]), ref["logits"], atol=1e-4, rtol=0)
@@ -167,7 +167,7 @@ def test_changed_gguf_is_converted_again_and_the_stale_conversion_removed(hub, t
     os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
     second = resolve(src, note=notes.append).path
     assert second != first and second.is_dir() and not first.exists()
-    assert sum("converting" in n for n in notes) == 2 and any(f"removed {first}" in n for n in notes)
+    assert sum(n.startswith("converted ") for n in notes) == 2 and any(f"removed {first}" in n for n in notes)
     assert json.loads((second / "minigen-source.json").read_text())["path"] == str(src.resolve())
 
 
