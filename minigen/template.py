@@ -1,9 +1,9 @@
 """Rendering a checkpoint's chat template: transformers' jinja2 sandbox, bounded in time, memory and size.
 
 A chat template is code that comes with a checkpoint. It is rendered as transformers renders it (an
-ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and loop controls, the `raise_exception`
-and `strftime_now` globals and its own `tojson`), which keeps it from reaching Python's internals. The
-sandbox does not bound cost: `{{ 'a' * 10**9 }}`, `{{ 10 ** (10 ** 10) }}`, `'a'.center(10**9)` or two
+ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}`
+block, the `raise_exception` and `strftime_now` globals and its own `tojson`), which keeps it from
+reaching Python's internals. The sandbox does not bound cost: `{{ 'a' * 10**9 }}`, `{{ 10 ** (10 ** 10) }}`, `'a'.center(10**9)` or two
 nested loops of 99,999 each run in one C call or for hours. So the template is rendered in a forked
 child process with a memory limit (RLIMIT_AS), killed after TIME_LIMIT seconds, and its text is read
 back through a pipe: at most OUTPUT_BASE characters more than twice the messages (a template wraps
@@ -52,7 +52,8 @@ def _render(template: str, variables: dict, limit: int):
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -63,6 +64,24 @@ def _render(template: str, variables: dict, limit: int):
             raise MinigenError(f"the rendered text is longer than {limit:,} characters (the messages "
                                f"and {OUTPUT_BASE // MiB} MiB)")
         yield piece
+
+
+def _generation_tag():
+    """transformers' `{% generation %}...{% endgeneration %}` (its AssistantTracker extension, which marks
+    the assistant's tokens for training masks): rendering only, the block's body as it is. Templates of
+    some instruct models use it."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
 
 
 def _render_isolated(template: str, variables: dict, limit: int) -> str:

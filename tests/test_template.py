@@ -1,0 +1,37 @@
+"""Real chat templates render as transformers renders them: the templates of checkpoints of the families
+minigen runs (from llama.cpp's models/templates) and transformers' own renderings of them, made by
+scripts/make_template_fixtures.py (tests/fixtures/chat_templates/references.json)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import FIXTURES_DIR
+from minigen.errors import MinigenError
+from minigen.template import render_chat_template
+
+DIR = FIXTURES_DIR / "chat_templates"
+REFS = json.loads((DIR / "references.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("ref", REFS["renders"],
+                         ids=lambda r: f"{r['template'][:-6]}-{r['conversation']}-{'gen' if r['add_generation_prompt'] else 'nogen'}")
+def test_renders_as_transformers(ref):
+    template = (DIR / ref["template"]).read_text(encoding="utf-8")
+    messages = REFS["conversations"][ref["conversation"]]
+    if ref["error"] is not None:  # the template itself refuses, e.g. Gemma 2 and a system message
+        with pytest.raises(MinigenError, match="chat template: .*" + ref["error"][:40].replace("(", r"\(")):
+            render_chat_template(template, messages, ref["add_generation_prompt"], **REFS["variables"])
+        return
+    assert render_chat_template(template, messages, ref["add_generation_prompt"], **REFS["variables"]) == ref["text"]
+
+
+def test_the_references_cover_what_matters():
+    """Every template rendered, some refusing, one with transformers' {% generation %} block, non-ASCII text."""
+    names = {r["template"] for r in REFS["renders"]}
+    assert names == {p.name for p in DIR.glob("*.jinja")} and len(names) >= 9
+    assert any(r["error"] for r in REFS["renders"]) and sum(r["text"] is not None for r in REFS["renders"]) >= 60
+    assert re.search(r"{%-? *generation *-?%}", (DIR / "LFM2.5-8B-A1B.jinja").read_text(encoding="utf-8"))
+    assert any("漢字" in (r["text"] or "") for r in REFS["renders"])
