@@ -112,11 +112,12 @@ def run(tasks: Sequence[Callable[[], object]], threads: int) -> list:
             _local.worker = False
 
     put, get = _openblas() or (lambda n: None, lambda: None)
+    n_helpers = min(threads, n_threads()) - 1   # n_threads() is cached at first use: before put(1)
     with _lock:
         before = get()
         put(1)
         try:
-            helpers = [pool().submit(work) for _ in range(min(threads, n_threads()) - 1)]
+            helpers = [pool().submit(work) for _ in range(n_helpers)]
             try:
                 work()
             finally:

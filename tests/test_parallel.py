@@ -30,6 +30,22 @@ def test_run_keeps_order_and_a_nested_run_does_not_wait_on_the_pool(two_threads)
     assert parallel.run([lambda: parallel.run([lambda: 1, lambda: 2], 2), lambda: 3], 2) == [[1, 2], 3]
 
 
+def test_a_first_run_counts_openblas_threads_before_it_sets_them_to_one():
+    """n_threads() is cached at first use; a program whose first call is run(..., 2) must still get its
+    helper thread (it was counted after OpenBLAS had been set to one thread, and cached 1)."""
+    import subprocess
+    import sys
+    code = ("import threading, time, minigen\n"
+            "from minigen import parallel\n"
+            "if parallel._openblas() is None: print(2); raise SystemExit\n"
+            "parallel._openblas()[0](2)\n"
+            "ids = parallel.run([lambda: (time.sleep(0.2), threading.get_ident())[1]] * 2, 2)\n"
+            "print(len(set(ids)))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr
+
+
 def test_run_gives_openblas_its_threads_back(two_threads):
     blas = parallel._openblas()
     if blas is None:
