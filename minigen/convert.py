@@ -215,10 +215,10 @@ class _Header:
             block, type_size = gguf.GGML_QUANT_SIZES.get(qtype, (0, 0))
             if not block or any(d < 1 for d in dims) or dims[0] % block:
                 return
-            n = int(np.prod(dims, dtype=object)) // block * type_size
-            expected += n + (-n % align)
-            if expected > room + (-n % align):
+            end = offset + int(np.prod(dims, dtype=object)) // block * type_size
+            if end > room:
                 raise MinigenError(f"{self.source}: truncated file: tensor {name} runs past the end of the file")
+            expected = end + (-end % align)
 
     def name(self) -> str:
         """A metadata key or tensor name: printable text of at most 256 characters (llama.cpp allows 63 for
