@@ -162,6 +162,15 @@ def stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
 
+def stdout_is_stderr() -> bool:
+    """stdout and stderr are one file or pipe (`2>&1`): figures on stderr would run on from the text."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # not real files (a test runner's buffers)
+        return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+
+
 def unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m[1]], text)
 
@@ -234,8 +243,11 @@ def print_run(run, load_seconds: float, quiet: bool, verbose: bool) -> int:
             last = piece
     except KeyboardInterrupt:
         code = 130
-    if last and not last.endswith("\n") and stdout_is_terminal():  # the figures start on a line of their own
-        click.echo()
+    if last and not last.endswith("\n"):  # the figures start on a line of their own
+        if stdout_is_terminal():
+            click.echo()
+        elif stdout_is_stderr() and not quiet:  # 2>&1 into a file or pipe: the text on stdout stays as it was
+            click.echo(err=True)
     if run.stats.finish == "context":
         click.echo(f"minigen: note: the context is full ({run.max_context} tokens); generation stopped", err=True)
     if not quiet:

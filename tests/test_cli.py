@@ -190,6 +190,21 @@ def test_figures_start_on_a_new_line_on_a_terminal(monkeypatch, capsys):
         assert capsys.readouterr().out == "".join(pieces) + newline
 
 
+def test_figures_start_on_a_new_line_when_stderr_shares_stdouts_file(tmp_path):
+    """`minigen generate ... > out.txt 2>&1`: the newline goes to stderr, so stdout alone is still the text."""
+    import subprocess
+    _, _, ref = fixture("gpt2")
+    text = greedy_text("gpt2", 5)
+    args = [sys.executable, "-m", "minigen", "generate", "--model", str(FIXTURES / "gpt2"), str(ref["prompt"]),
+            "-m", "5", "--ignore-eos"]
+    with open(tmp_path / "both.txt", "wb") as f:
+        subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, check=True, cwd=Path(__file__).parent.parent)
+    assert not text.endswith("\n")
+    assert (tmp_path / "both.txt").read_bytes().decode("utf-8").startswith(text + "\n==========\n")
+    alone = subprocess.run(args, capture_output=True, check=True, cwd=Path(__file__).parent.parent)
+    assert alone.stdout.decode("utf-8") == text and alone.stderr.decode().startswith("==========")
+
+
 def test_info():
     r = cli("info", "--model", FIXTURES / "llama_gqa3")
     assert r.exit_code == 0
