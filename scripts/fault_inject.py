@@ -1097,15 +1097,17 @@ def gguf_fields(buf: bytes) -> tuple[list[tuple[str, int, int, str]], int]:
 
     def u(n, at):
         return int.from_bytes(buf[at:at + n], "little")
+
+    def name(at, suffix):  # a key or tensor name: its length field, then where the name ends
+        text = buf[at + 8:at + 8 + u(8, at)].decode()
+        fields.append((f"{text}:{suffix}", at, 8, "strlen"))
+        return text, at + 8 + u(8, at)
     n_tensors, n_kv = u(8, pos), u(8, pos + 8)
     fields += [("n_tensors", pos, 8, "count"), ("n_kv", pos + 8, 8, "count")]
     pos += 16
     align = 32
     for _ in range(n_kv):
-        klen = u(8, pos)
-        key = buf[pos + 8:pos + 8 + klen].decode()
-        fields.append((f"{key}:key-length", pos, 8, "strlen"))
-        pos += 8 + klen
+        key, pos = name(pos, "key-length")
         vtype = u(4, pos)
         fields.append((f"{key}:type", pos, 4, "vtype"))
         pos += 4
@@ -1129,16 +1131,13 @@ def gguf_fields(buf: bytes) -> tuple[list[tuple[str, int, int, str]], int]:
             fields.append((f"{key}:value", pos, _GGUF_SCALAR[vtype], "value"))
             pos += _GGUF_SCALAR[vtype]
     for _ in range(n_tensors):
-        nlen = u(8, pos)
-        name = buf[pos + 8:pos + 8 + nlen].decode()
-        fields.append((f"{name}:name-length", pos, 8, "strlen"))
-        pos += 8 + nlen
+        tensor, pos = name(pos, "name-length")
         nd = u(4, pos)
-        fields.append((f"{name}:n_dims", pos, 4, "ndims"))
+        fields.append((f"{tensor}:n_dims", pos, 4, "ndims"))
         pos += 4
-        fields += [(f"{name}:dim{j}", pos + 8 * j, 8, "dim") for j in range(nd)]
+        fields += [(f"{tensor}:dim{j}", pos + 8 * j, 8, "dim") for j in range(nd)]
         pos += 8 * nd
-        fields += [(f"{name}:type", pos, 4, "ttype"), (f"{name}:offset", pos + 4, 8, "toffset")]
+        fields += [(f"{tensor}:type", pos, 4, "ttype"), (f"{tensor}:offset", pos + 4, 8, "toffset")]
         pos += 12
     return fields, pos + (-pos % align)
 
