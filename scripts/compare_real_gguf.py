@@ -9,8 +9,6 @@ on the hard text set of make_gguf_fixtures.py. Needs torch + transformers (+ acc
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,20 +21,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import minigen  # noqa: E402
 from minigen.convert import convert_gguf  # noqa: E402
 
-BIN = Path.home() / ".cache/minigen-llama-cpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "Once upon a time, in a small village by the sea, there lived",
 ]
-
-
-def llama_tokenize(gguf: Path, text: str, bos: bool = True) -> list[int]:
-    args = [str(BIN / "llama-tokenize"), "-m", str(gguf), "--stdin", "--ids", "--log-disable"]
-    if not bos:
-        args.append("--no-bos")
-    out = subprocess.run(args, input=text.encode(), check=True, capture_output=True).stdout.decode()
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def minigen_greedy(model, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:
@@ -72,7 +61,7 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, default=32)
     ap.add_argument("--no-transformers", action="store_true")
     args = ap.parse_args()
-    from make_gguf_fixtures import TEXTS
+    from make_gguf_fixtures import TEXTS, llama_tokenize
 
     with tempfile.TemporaryDirectory() as work:
         start = time.perf_counter()
