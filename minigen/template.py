@@ -5,9 +5,8 @@ ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loop controls and
 block, the `raise_exception` and `strftime_now` globals and its own `tojson`), which keeps it from
 reaching Python's internals. The sandbox does not bound cost: `{{ 'a' * 10**9 }}`,
 `{{ 10 ** (10 ** 10) }}`, `'a'.center(10**9)` or two nested loops of 99,999 each run in one C call or
-for hours. So the template is rendered in a forked
-child process with a memory limit (RLIMIT_AS), killed after TIME_LIMIT seconds, and its text is read
-back through a pipe: at most OUTPUT_BASE characters more than twice the messages (a template wraps
+for hours. So the template is rendered in a forked child process with a memory limit (RLIMIT_AS),
+killed after TIME_LIMIT seconds, and its text is read back through a pipe: at most OUTPUT_BASE characters more than twice the messages (a template wraps
 the messages, it does not multiply them; and 16 MiB of text takes the tokenizer some ten seconds).
 Whatever goes wrong (a syntax error, 1/0, an include, recursion, a limit) is one MinigenError line.
 Without fork (not POSIX) it renders in-process, sandboxed and bounded in size but not in time.
