@@ -62,7 +62,7 @@ def peak_rss_mb() -> float:
 
 def worker_minigen(args) -> dict:
     import minigen  # first, as a user's program would: it sets OpenBLAS up before NumPy loads it
-    from minigen.generate import generate_step
+    from minigen.generation.steps import generate_step
 
     import numpy as np
 
@@ -90,7 +90,7 @@ def worker_minigen(args) -> dict:
 def worker_minigen_rss(args) -> dict:
     """Peak RSS of one generation as a user runs it: load, then the prompt and its decode, nothing else."""
     import minigen
-    from minigen.generate import generate_step
+    from minigen.generation.steps import generate_step
 
     model, _ = minigen.load(args.model)
     for _ in generate_step(model, json.loads(Path(args.prompts).read_text())[str(args.lengths[0])],
@@ -349,7 +349,7 @@ def main():
         return
     sys.path.insert(0, str(ROOT))
     if args.model is None:
-        from minigen.default_model import default_model_path
+        from minigen.checkpoint.default_model import default_model_path
         args.model = default_model_path()
     args.model = Path(args.model).resolve()
     engines = [e for e in args.engines.split(",") if e]

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minigen  # noqa: E402
-from minigen.chat import ChatSession  # noqa: E402
-from minigen.generate import chat_ids, run  # noqa: E402
+from minigen.generation.chat import ChatSession  # noqa: E402
+from minigen.generation.steps import chat_ids, run  # noqa: E402
 
 SYSTEM = "You are a helpful assistant. Answer clearly and in some detail."
 TURNS = ["Explain how a refrigerator keeps food cold.", "Why does it need electricity for that?"]
@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--reply-tokens", type=int, default=128)
     args = ap.parse_args()
     if args.model is None:
-        from minigen.default_model import default_model_path
+        from minigen.checkpoint.default_model import default_model_path
         args.model = default_model_path()
     model, tok = minigen.load(args.model)
     kept, whole = [], []

@@ -2,7 +2,7 @@
 
     python scripts/check_vocab_ggufs.py [NAME ...]        # e.g. llama-spm qwen2; default: all
 
-For each file: minigen's rebuilt tokenizer (minigen.gguf_tokenizer) on llama.cpp's own test cases
+For each file: minigen's rebuilt tokenizer (minigen.gguf.vocab) on llama.cpp's own test cases
 (`.inp`/`.out`, made with special-token parsing off and no BOS) and on the hard text set plus a text with the
 file's own special tokens (`llama-tokenize`: specials parsed, BOS/EOS as the file says); and decoding: the
 tokenizer's decode of llama.cpp's ids against llama.cpp's pieces joined (one leading space dropped where the
@@ -22,7 +22,7 @@ from gguf_vocab_ref import (HARD_TEXTS, LLAMA_CPP, llama_special_ids, llama_toke
                             read_metadata, special_text)
 
 from minigen.errors import MinigenError  # noqa: E402
-from minigen.gguf_tokenizer import build_tokenizer, read_vocab, special_ids  # noqa: E402
+from minigen.gguf.vocab import build_tokenizer, read_vocab, special_ids  # noqa: E402
 
 
 def check(path: Path) -> str:

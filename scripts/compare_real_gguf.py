@@ -19,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import minigen  # noqa: E402
-from minigen.convert import convert_gguf  # noqa: E402
+from minigen.gguf.convert import convert_gguf  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",

@@ -851,7 +851,7 @@ def api_cases(rng: random.Random, full: bool) -> list[Case]:
     def big_context(d):
         def call():
             import minigen
-            from minigen.generate import generate_step
+            from minigen.generation.steps import generate_step
             model, tok = minigen.load(fx)
             steps = generate_step(model, [1, 2, 3], max_tokens=10**12, max_context=10**12)
             for _ in range(3):
@@ -879,13 +879,13 @@ marker, where = sys.argv[1], sys.argv[2]
 sys.argv = ["minigen"] + sys.argv[3:]
 import minigen.cli
 if where == "load":
-    import minigen.checkpoint as C
+    import minigen.checkpoint.resolve as C
     real = C.load_params
     def slow(*a, **k):
         open(marker, "w").close(); time.sleep(30); return real(*a, **k)
     C.load_params = slow
 elif where == "generate":
-    G = sys.modules["minigen.generate"]
+    G = sys.modules["minigen.generation.steps"]
     real = G.generate_step
     def slow(*a, **k):
         for i, s in enumerate(real(*a, **k)):
@@ -1008,7 +1008,7 @@ def process_cases(rng: random.Random, full: bool) -> list[Case]:
 
 def _default_gguf() -> Path | None:
     try:
-        from minigen.default_model import gguf_source
+        from minigen.checkpoint.default_model import gguf_source
         return gguf_source()
     except Exception:
         return None

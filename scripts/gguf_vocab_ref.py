@@ -117,7 +117,7 @@ def read_inp_out(gguf: Path) -> list[tuple[str, list[int]]]:
 
 
 def read_metadata(path: Path) -> dict:
-    """A GGUF's key/value metadata as plain Python values, as minigen.convert reads it (any architecture)."""
+    """A GGUF's key/value metadata as plain Python values, as minigen.gguf.convert reads it (any architecture)."""
     from gguf import GGUFReader, GGUFValueType
 
     meta = {}

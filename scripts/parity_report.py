@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import minigen
-from minigen.generate import generate_step
+from minigen.generation.steps import generate_step
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 

@@ -16,7 +16,7 @@ For each prompt length N it prints:
   V it reads, as GB/s), norms, RoPE, the activation, the cache write, and the rest (Python, adds,
   the embedding lookup).
 
-Timers wrap minigen.model's functions (a few hundred ns each; the decode total is also given without
+Timers wrap minigen.engine.model's functions (a few hundred ns each; the decode total is also given without
 them). Run it on a quiet machine: it measures wall time.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import minigen  # noqa: E402  first: it sets OpenBLAS up before NumPy loads it
-from minigen import model as M, parallel  # noqa: E402
-from minigen.default_model import default_model_path  # noqa: E402
+from minigen.engine import model as M, parallel  # noqa: E402
+from minigen.checkpoint.default_model import default_model_path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -81,7 +81,7 @@ def weight_names(model) -> dict:
 
 
 def instrument(model, clock: Clock):
-    """Wrap minigen.model's pieces with the clock; returns a function that undoes it."""
+    """Wrap minigen.engine.model's pieces with the clock; returns a function that undoes it."""
     names = weight_names(model)
     saved = {k: getattr(M, k) for k in ("linear", "heads_output", "norm", "apply_rope", "activation", "unembed",
                                          "rope_for")}
@@ -111,7 +111,7 @@ def prompt(model_dir: Path, n: int) -> list[int]:
 # --- prefill: phases of a layer --------------------------------------------------------------------
 
 class PhaseClock:
-    """Times minigen.model's calls to parallel.run (the two row phases of a layer) and heads_output."""
+    """Times minigen.engine.model's calls to parallel.run (the two row phases of a layer) and heads_output."""
 
     def __init__(self):
         self.seconds = defaultdict(float)

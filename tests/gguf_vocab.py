@@ -20,7 +20,7 @@ def unpack(file: str, out_dir: Path) -> Path:
 
 
 def read_metadata(path) -> dict:
-    """A GGUF's metadata as minigen.convert reads it, for any architecture (convert takes llama only)."""
+    """A GGUF's metadata as minigen.gguf.convert reads it, for any architecture (convert takes llama only)."""
     from gguf import GGUFReader, GGUFValueType
 
     meta = {}

@@ -74,9 +74,9 @@ FAMILY_EXTRAS = {  # what a family's config.json needs beyond the common sizes
 def random_model(model_type: str, seed: int = 0, n_layers: int = 3):
     """A Model of `model_type` with random float32 weights in minigen's canonical layout (weights.expected_shapes):
     for invariants that hold whatever the weights (lens, DLA, ablation, patching) on families without fixtures."""
-    from minigen.config import parse_config
-    from minigen.model import Model
-    from minigen.weights import expected_shapes
+    from minigen.checkpoint.config import parse_config
+    from minigen.engine.model import Model
+    from minigen.checkpoint.weights import expected_shapes
     raw = {"model_type": model_type, "vocab_size": 40, "hidden_size": 24, "num_hidden_layers": n_layers,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "intermediate_size": 32,
            "max_position_embeddings": 64, **FAMILY_EXTRAS[model_type]}

@@ -1,8 +1,8 @@
-"""`minigen chat` and minigen.chat: every reply equals generation on the whole conversation rendered
+"""`minigen chat` and minigen.generation.chat: every reply equals generation on the whole conversation rendered
 afresh, while the cache carries over and only new tokens are computed.
 
-The reference for each turn is independent of minigen.chat: the test keeps its own list of messages,
-renders it with the tokenizer's chat template (add_generation_prompt) and runs `minigen.generate` on
+The reference for each turn is independent of minigen.generation.chat: the test keeps its own list of messages,
+renders it with the tokenizer's chat template (add_generation_prompt) and runs `minigen.generation.steps` on
 those ids with a fresh cache, as `generate --chat` does. What was computed is read off a log of every
 `Model.forward` call (the cache offset it started at and the ids it was given).
 """
@@ -19,13 +19,13 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
-from minigen import default_model
-from minigen.chat import ChatSession, drop_oldest_exchange
+from minigen.checkpoint import default_model
+from minigen.generation.chat import ChatSession, drop_oldest_exchange
 from minigen.cli import main
-from minigen.model import Model
+from minigen.engine.model import Model
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is the function
+GENERATE = sys.modules["minigen.generation.steps"]  # the module; `minigen.generation.steps` is the function
 SYSTEM = "You are a tiny test model."
 LINES = ["Say hello in French, please.", "And in German?", "Thanks! Now count to three."]
 
@@ -180,7 +180,7 @@ def test_ctrl_c_inside_a_forward_leaves_a_consistent_cache(monkeypatch):
     path, options = FIXTURES / "llama_gqa3", dict(max_tokens=10, ignore_eos=True)
     model, tok = load(path)
     session = ChatSession(model, tok, system=SYSTEM, **options)
-    real_mlp, calls = sys.modules["minigen.model"].mlp_block, []
+    real_mlp, calls = sys.modules["minigen.engine.model"].mlp_block, []
 
     def mlp_block(*args):  # 3 layers: the prefill, two decode steps, then layer 1 of the third
         calls.append(1)
@@ -188,7 +188,7 @@ def test_ctrl_c_inside_a_forward_leaves_a_consistent_cache(monkeypatch):
             raise KeyboardInterrupt
         return real_mlp(*args)
 
-    monkeypatch.setattr(sys.modules["minigen.model"], "mlp_block", mlp_block)
+    monkeypatch.setattr(sys.modules["minigen.engine.model"], "mlp_block", mlp_block)
     reply, printed = session.reply(LINES[0]), ""
     with pytest.raises(KeyboardInterrupt):
         for piece in reply.pieces():

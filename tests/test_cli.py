@@ -16,7 +16,7 @@ from minigen.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py
-GENERATE = sys.modules["minigen.generate"]  # the module; `minigen.generate` is the function
+GENERATE = sys.modules["minigen.generation.steps"]  # the module; `minigen.generation.steps` is the function
 CLI = sys.modules["minigen.cli"]
 
 
@@ -160,9 +160,9 @@ def test_unknown_model_path(tmp_path):
 
 
 def test_default_model(monkeypatch):
-    fake = types.ModuleType("minigen.default_model")
+    fake = types.ModuleType("minigen.checkpoint.default_model")
     fake.default_model_path = lambda: FIXTURES / "gpt2"
-    monkeypatch.setitem(sys.modules, "minigen.default_model", fake)
+    monkeypatch.setitem(sys.modules, "minigen.checkpoint.default_model", fake)
     _, tok, ref = fixture("gpt2")
     r = cli("generate", str(ref["prompt"]), "-m", 5, "--ignore-eos", "-q")
     assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 5)

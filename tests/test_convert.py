@@ -396,7 +396,7 @@ def test_refuses_non_empty_out_dir_but_takes_an_empty_one(tmp_path):
 
 
 def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
-    import minigen.convert as mc
+    import minigen.gguf.convert as mc
 
     def boom(plan, t):
         raise KeyboardInterrupt

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 import minigen
-from minigen.attention import NEG, attend, causal_mask, softmax
-from minigen.cache import KVCache
-from minigen.config import Rope
-from minigen.layers import apply_rope, rope_frequencies, rope_tables
-from minigen.weights import read_tensor, index_checkpoint
+from minigen.engine.attention import NEG, attend, causal_mask, softmax
+from minigen.engine.cache import KVCache
+from minigen.engine.config import Rope
+from minigen.engine.layers import apply_rope, rope_frequencies, rope_tables
+from minigen.checkpoint.weights import read_tensor, index_checkpoint
 
 import tiny_checkpoint
 
@@ -162,7 +162,7 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
 def test_blocked_causal_attention_equals_one_masked_softmax(offset, window, scale, cap):
     # 150 query rows span three blocks; keys a block cannot see are skipped, not masked; each block
     # takes its softmax in base 2 (with the scale and Gemma 2's soft-cap folded in), `attend` in e
-    from minigen.attention import BLOCK, causal_attention
+    from minigen.engine.attention import BLOCK, causal_attention
     rng = np.random.default_rng(0)
     H, KV, T, d = 6, 2, 2 * BLOCK + 22, 8
     q = rng.standard_normal((H, T, d)).astype(np.float32)

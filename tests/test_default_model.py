@@ -13,7 +13,7 @@ import pytest
 
 import minigen
 from conftest import FIXTURES_DIR, greedy
-from minigen import checkpoint, default_model
+from minigen.checkpoint import resolve as checkpoint, default_model
 from minigen.errors import MinigenError
 
 REF = json.loads((FIXTURES_DIR / "gguf" / "tokenizer_ref.json").read_text(encoding="utf-8"))

@@ -33,7 +33,7 @@ def reference(name):
 
 
 def test_every_family_has_a_reference():
-    from minigen.families import FAMILIES
+    from minigen.checkpoint.families import FAMILIES
     assert {FIXTURES[name] for name in REFERENCES} == set(FAMILIES)
 
 
@@ -83,7 +83,7 @@ def test_lens_rows(family_model):
     lens = logit_lens(family_model, IDS)
     np.testing.assert_array_equal(lens[-1], family_model.logits(IDS))
     m = family_model
-    np.testing.assert_allclose(lens[0], logits_of(m, minigen.model.embed(m.params, m.config, IDS, np.arange(len(IDS)))),
+    np.testing.assert_allclose(lens[0], logits_of(m, minigen.engine.model.embed(m.params, m.config, IDS, np.arange(len(IDS)))),
                                atol=1e-6)
 
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
-from minigen.checkpoint import load_model
+from minigen.checkpoint.resolve import load_model
 from minigen.cli import main
 from minigen.errors import MinigenError
 from minigen.inspect import load_attention
@@ -28,7 +28,7 @@ def cli(*args, input=None):
 
 
 def test_every_family_has_fixtures_in_both_config_spellings():
-    from minigen.families import FAMILIES
+    from minigen.checkpoint.families import FAMILIES
     assert set(FIXTURES.values()) == set(FAMILIES)
     spellings = {}
     for name, family in FIXTURES.items():
@@ -131,7 +131,7 @@ def test_unsupported_settings_name_the_field_and_value(edit, words, tmp_path):
 def test_longrope_generation_across_the_switch_equals_transformers_generate():
     """Phi-3 longrope: a 20-token prompt generated past original_max_position_embeddings (32). At the
     step that crosses it transformers re-runs the whole sequence with the long factors; so must we."""
-    from minigen.generate import generate_step
+    from minigen.generation.steps import generate_step
     ref = dict(np.load(FIXTURES_DIR / "phi3_longrope_v4" / "reference_generate.npz"))
     model = load_model(FIXTURES_DIR / "phi3_longrope_v4")
     steps = list(generate_step(model, ref["input_ids"], max_tokens=len(ref["generate_ids"])))

@@ -106,7 +106,7 @@ def test_stop_processes_escapes():
 
 
 def test_cache_grows_instead_of_taking_the_whole_context():
-    from minigen.generate import FIRST_ROOM, generate_step
+    from minigen.generation.steps import FIRST_ROOM, generate_step
     model, _ = minigen.load(FIXTURES_DIR / "llama_gqa3")
     asked = []
     make_cache = model.make_cache

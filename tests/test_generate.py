@@ -8,10 +8,10 @@ import pytest
 
 import minigen
 from conftest import FIXTURES as PARITY_FIXTURES
-from minigen import cache as cache_module
+from minigen.engine import cache as cache_module
 from minigen.errors import MinigenError
-from minigen.generate import Run, Options, eos_token_ids, generate_step, prompt_ids, run, split_at_stop
-from minigen.sampling import make_sampler, repetition_penalty
+from minigen.generation.steps import Run, Options, eos_token_ids, generate_step, prompt_ids, run, split_at_stop
+from minigen.generation.sampling import make_sampler, repetition_penalty
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from minigen.config import parse_config
+from minigen.checkpoint.config import parse_config
 from minigen.errors import MinigenError
-from minigen.gguf_arch import Meta, Tensors, family_config, llama3_rope, neox_interleave, unpermute
+from minigen.gguf.arch import Meta, Tensors, family_config, llama3_rope, neox_interleave, unpermute
 
 
 def llama_cpp_rope_freqs(theta, dim, factor, low, high, old):

@@ -15,7 +15,7 @@ import pytest
 
 import minigen
 from conftest import FIXTURES_DIR, greedy
-from minigen.convert import convert_gguf, read_plan
+from minigen.gguf.convert import convert_gguf, read_plan
 
 GGUF = FIXTURES_DIR / "gguf"
 ARCHS = {k: v for k, v in json.loads((GGUF / "archs.json").read_text(encoding="utf-8")).items()
@@ -49,7 +49,7 @@ def reference(name: str) -> dict:
 
 
 def test_every_architecture_has_a_fixture():
-    from minigen.gguf_arch import ARCHS as SUPPORTED
+    from minigen.gguf.arch import ARCHS as SUPPORTED
 
     assert set(FAMILY) == set(NAMES)
     made = {read_plan(GGUF / f"{n}.gguf").arch for n in NAMES}

@@ -1,4 +1,4 @@
-"""minigen.gguf_tokenizer against llama.cpp: ids, decoding and special ids on vocab-only GGUFs.
+"""minigen.gguf.vocab against llama.cpp: ids, decoding and special ids on vocab-only GGUFs.
 
 The references in tests/fixtures/gguf_vocab/refs.json are llama.cpp's own (`llama-tokenize`, made by
 scripts/make_gguf_vocab_fixtures.py): SentencePiece vocabularies (llama.cpp's Llama 2 and Phi-3 vocab files,
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from gguf_vocab import REFS, apply_patch, read_metadata, unpack
-from minigen import default_model
+from minigen.checkpoint import default_model
 from minigen.errors import MinigenError
-from minigen.gguf_tokenizer import (PRE_NAMES, SPACE, build_tokenizer, read_vocab, special_ids,
+from minigen.gguf.vocab import (PRE_NAMES, SPACE, build_tokenizer, read_vocab, special_ids,
                                     tokenizer_files)
-from minigen.tokenizer import Tokenizer
+from minigen.text.tokenizer import Tokenizer
 
 VOCABS = sorted(REFS["vocabs"])
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import minigen
 from conftest import FIXTURES_DIR, load_reference
-from minigen.checkpoint import resolve
+from minigen.checkpoint.resolve import resolve
 from minigen.cli import main
 from minigen.errors import MinigenError
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import minigen
-from minigen import attention, parallel
-from minigen.model import Model
+from minigen.engine import attention, parallel
+from minigen.engine.model import Model
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_a_first_run_counts_openblas_threads_before_it_sets_them_to_one():
     import subprocess
     import sys
     code = ("import threading, time, minigen\n"
-            "from minigen import parallel\n"
+            "from minigen.engine import parallel\n"
             "if parallel._openblas() is None: print(2); raise SystemExit\n"
             "parallel._openblas()[0](2)\n"
             "ids = parallel.run([lambda: (time.sleep(0.2), threading.get_ident())[1]] * 2, 2)\n"

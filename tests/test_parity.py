@@ -21,7 +21,7 @@ def case(request):
 
 
 def test_every_family_has_fixtures():
-    from minigen.families import FAMILIES
+    from minigen.checkpoint.families import FAMILIES
     families = {minigen.load(Path(__file__).parent / "fixtures" / n)[0].config.model_type for n in FIXTURES}
     assert families == set(FAMILIES)
 

@@ -8,7 +8,7 @@ import pytest
 
 import minigen
 from conftest import greedy
-from minigen.attention import BLOCK
+from minigen.engine.attention import BLOCK
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference_long.npz"))

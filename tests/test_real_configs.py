@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import minigen
-from minigen.config import load_config
+from minigen.checkpoint.config import load_config
 from conftest import greedy
 
 sys.path.insert(0, str(Path(__file__).parent / "real_configs"))

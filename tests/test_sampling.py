@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from minigen.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler, min_p,
+from minigen.generation.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler, min_p,
                               repetition_penalty, sampling_settings, top_k, top_p)
 
 PROBS = np.array([0.05, 0.4, 0.1, 0.25, 0.2], dtype=np.float32)  # sorted: 1, 3, 4, 2, 0

@@ -5,7 +5,7 @@ The seeds compute unmasked (bidirectional) self-attention, so `attend` is called
 import numpy as np
 import pytest
 
-from minigen.attention import attend, softmax
+from minigen.engine.attention import attend, softmax
 
 # "The math behind attention": birds / eat / seeds, d_model 4 projected to d_k 2.
 X = np.array([[1, 0, 2, 0], [0, 2, 0, 1], [1, 1, 0, 1]], np.float32)

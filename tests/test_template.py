@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FIXTURES_DIR
 from minigen.errors import MinigenError
-from minigen.template import render_chat_template
+from minigen.text.template import render_chat_template
 
 DIR = FIXTURES_DIR / "chat_templates"
 REFS = json.loads((DIR / "references.json").read_text(encoding="utf-8"))

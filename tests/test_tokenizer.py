@@ -8,7 +8,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from minigen.errors import MinigenError
-from minigen.tokenizer import Tokenizer, render_chat_template
+from minigen.text.tokenizer import Tokenizer, render_chat_template
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world, hello there!",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import model as M
+from ..engine import model as M
 from ..errors import MinigenError
 from .hooks import Intervention, layer_inputs, log_softmax, logits_of, mean, patch, resume, run, zero
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import model as M
+from ..engine import model as M
 
 Change = Callable[[np.ndarray], np.ndarray]
 

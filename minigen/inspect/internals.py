@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import model as M
-from ..attention import attend, causal_mask
+from ..engine import model as M
+from ..engine.attention import attend, causal_mask
 from ..errors import MinigenError
-from ..layers import apply_rope, rms_norm
+from ..engine.layers import apply_rope, rms_norm
 from .hooks import layer_inputs
 from .stats import probe_scores, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import model as M
+from ..engine import model as M
 from .hooks import layer_inputs, log_softmax, logits_of
 
 

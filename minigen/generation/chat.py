@@ -20,11 +20,11 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .cache import truncate
-from .errors import MinigenError
-from .files import atomic_write
-from .generate import Options, Run, chat_ids, run
-from .model import reusable_prefix
+from ..engine.cache import truncate
+from ..errors import MinigenError
+from ..files import atomic_write
+from .steps import Options, Run, chat_ids, run
+from ..engine.model import reusable_prefix
 
 
 class ChatSession:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .config import Rope
-from .errors import MinigenError
+from ..errors import MinigenError
 
 
 # --- norms ---------------------------------------------------------------------------------------

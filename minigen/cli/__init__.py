@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import click
 
-from .errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
+from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
 
 PROMPT_LIMIT = 16 * MiB  # bytes of prompt read from a file or stdin (/dev/zero never ends)
 
@@ -189,7 +189,7 @@ def load_model(path):
 def resolve_and_load(path):
     """load_model's (model, tokenizer, load seconds), and the checkpoint.Resolved saying what --model named."""
     import time
-    from .checkpoint import load, resolve
+    from ..checkpoint.resolve import load, resolve
     resolved = resolve(path)
     import numpy as np
     np.seterr(all="ignore")  # non-finite logits are reported per step (generate.py), not as numpy warnings
@@ -226,7 +226,7 @@ def read_stdin(limit: int) -> bytes:
 
 def build_run(model, tokenizer, text: str, chat: bool, system: str | None, **options):
     """The Run a `generate` invocation asks for; other commands' options can add to it (on_step, ...)."""
-    from .generate import run
+    from ..generation.steps import run
     return run(model, tokenizer, text, chat=chat, system=system, **options)
 
 
@@ -332,7 +332,7 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
 def info(model_path):
     """What a checkpoint is (and what --model resolved to): architecture, size, dims, heads, context, tokenizer."""
     model, tok, _, resolved = resolve_and_load(model_path)
-    from .weights import DTYPE_NAMES, checkpoint_dtypes
+    from ..checkpoint.weights import DTYPE_NAMES, checkpoint_dtypes
     c = model.config
     arch = ", ".join(c.architectures) or "-"
     dtypes = checkpoint_dtypes(model.path)
@@ -385,7 +385,7 @@ def chat(model_path, system, load_path, quiet, verbose, **options):
     and history, Ctrl-C stops a reply, Ctrl-D or /exit quits, /help lists the commands. When the
     conversation outgrows the context, its oldest exchanges are dropped (the system message is kept).
     """
-    from .chat import ChatSession, load_conversation
+    from ..generation.chat import ChatSession, load_conversation
     messages = load_conversation(load_path) if load_path else []
     model, tokenizer, load_seconds = load_model(model_path)
     session = ChatSession(model, tokenizer, messages, system=system, **options)
@@ -503,7 +503,7 @@ def convert(source, out_dir, dtype):
     """
     import time
 
-    from .convert import convert_gguf
+    from ..gguf.convert import convert_gguf
 
     start = time.perf_counter()
     result = convert_gguf(source, out_dir, dtype=dtype, progress=True)
@@ -517,7 +517,7 @@ def convert(source, out_dir, dtype):
 
 def pop_dump_options(options: dict) -> dict | None:
     """Take generate's --dump-attention options out of `options`; check the path before any work."""
-    from .files import check_target
+    from ..files import check_target
     dump = {k: options.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_verify")}
     if dump["dump_path"] is None:
         if any(v for k, v in dump.items() if k != "dump_path"):
@@ -532,8 +532,8 @@ def pop_dump_options(options: dict) -> dict | None:
 
 def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dump: dict) -> int:
     """print_run with the attention of every step collected; the file is written only if the run ends."""
-    from .inspect.dump import GenerationDump
-    from .inspect.internals import verify_rows
+    from ..inspect.dump import GenerationDump
+    from ..inspect.internals import verify_rows
     max_tokens = min(run.options.max_tokens, run.max_context - len(run.prompt) + 1)
     with GenerationDump(run.model, run.tokenizer, dump["dump_path"], run.prompt, max_tokens, dump["attn_layers"],
                         dump["attn_heads"], dump["attn_dtype"]) as d:
@@ -556,7 +556,7 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
 
 
 def _prompt_ids(tokenizer, prompt, chat):
-    from .generate import prompt_ids
+    from ..generation.steps import prompt_ids
     if prompt == "-":
         prompt = sys.stdin.read()
     ids = prompt_ids(tokenizer, prompt, chat=chat)
@@ -567,7 +567,7 @@ def _prompt_ids(tokenizer, prompt, chat):
 
 def _emit(result: dict, as_json: bool, format_lines):
     """The result as one JSON object, or as the report's lines."""
-    from .inspect.commands import as_json as to_json
+    from ..inspect.commands import as_json as to_json
     if as_json:
         click.echo(to_json(result))
         return
@@ -635,11 +635,11 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
       minigen attention --from attn.npz --html attn.html
     """
     from contextlib import ExitStack
-    from .files import OutputFile
-    from .inspect import commands as C
-    from .inspect import report as R
-    from .inspect.dump import DumpFile
-    from .inspect.internals import induction_probe
+    from ..files import OutputFile
+    from ..inspect import commands as C
+    from ..inspect import report as R
+    from ..inspect.dump import DumpFile
+    from ..inspect.internals import induction_probe
 
     uses_model = value_weighted or probe is not None
     _usage(
@@ -719,8 +719,8 @@ def ablate(prompt, model_path, chat, as_json, heads, attn_layers, mlp_layers, sw
       minigen ablate "..." --sweep heads --mode mean
       minigen ablate "..." --mlp 0 --attn 29
     """
-    from .inspect import commands as C
-    from .inspect import report as R
+    from ..inspect import commands as C
+    from ..inspect import report as R
     _usage(sweep=(sweep is not None and any((heads, attn_layers, mlp_layers)),
                   "--sweep ablates each part in turn; leave out --heads, --attn and --mlp"),
            rank=(sweep is None and rank != "kl", "--rank orders a --sweep"))
@@ -750,8 +750,8 @@ def patch(clean, corrupted, model_path, chat, as_json, answer, wrong, what, toke
                     "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
       minigen patch CLEAN CORRUPTED --what resid
     """
-    from .inspect import commands as C
-    from .inspect import report as R
+    from ..inspect import commands as C
+    from ..inspect import report as R
     if clean is None or corrupted is None:
         raise click.UsageError("give two prompts of the same length in tokens: CLEAN CORRUPTED")
     model, tok, clean_ids = _model_and_ids(model_path, clean, chat)
@@ -772,8 +772,8 @@ def lens(prompt, model_path, chat, as_json, token_spec, top_k, target):
     \b
       minigen lens "The capital of France is" --target " Paris"
     """
-    from .inspect import commands as C
-    from .inspect import report as R
+    from ..inspect import commands as C
+    from ..inspect import report as R
     model, tok, ids = _model_and_ids(model_path, prompt, chat)
     _emit(C.logit_lens(model, tok, ids, token_spec, top_k, target), as_json, R.format_lens)
 
@@ -791,8 +791,8 @@ def dla(prompt, model_path, chat, as_json, token_spec, target, vs, top):
     \b
       minigen dla "When Mary and John went to the store, John gave a drink to" --target " Mary" --vs " John"
     """
-    from .inspect import commands as C
-    from .inspect import report as R
+    from ..inspect import commands as C
+    from ..inspect import report as R
     model, tok, ids = _model_and_ids(model_path, prompt, chat)
     _emit(C.dla(model, tok, ids, token_spec, target, vs), as_json, lambda r: R.format_dla(r, top))
 
@@ -813,8 +813,8 @@ def trace(prompt, model_path, chat, as_json, layer, head, token_spec, keys, seed
       minigen trace "The cat sat on the mat" --model PATH --layer 2 --head 1 --token -1
       minigen trace --seeds
     """
-    from .inspect import commands as C
-    from .inspect.trace import seeds_lines
+    from ..inspect import commands as C
+    from ..inspect.trace import seeds_lines
     if seeds:
         lines = seeds_lines()
         click.echo(C.as_json({"command": "trace", "seeds": True, "lines": lines}) if as_json else "\n".join(lines))

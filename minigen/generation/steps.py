@@ -17,9 +17,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .cache import truncate
-from .errors import MinigenError, OptionError, is_int, short
-from .model import must_recompute
+from ..engine.cache import truncate
+from ..errors import MinigenError, OptionError, is_int, short
+from ..engine.model import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
 

@@ -26,7 +26,7 @@ from . import parallel
 from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config
-from .errors import MinigenError
+from ..errors import MinigenError
 from .layers import activation, apply_rope, layer_norm, rms_norm, rope_tables, softcap
 
 

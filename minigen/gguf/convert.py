@@ -1,6 +1,6 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Every GGUF architecture whose family minigen runs (gguf_arch.ARCHS: llama, qwen2, qwen3, gemma, gemma2, gemma3,
+Every GGUF architecture whose family minigen runs (archs.ARCHS: llama, qwen2, qwen3, gemma, gemma2, gemma3,
 phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gguf_arch
-from .errors import MinigenError, is_int, short
-from .files import atomic_dir
-from .gguf_tokenizer import special_ids, tokenizer_files
+from . import arch as archs
+from ..errors import MinigenError, is_int, short
+from ..files import atomic_dir
+from .vocab import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors header names
@@ -52,7 +52,7 @@ class _Tensor:
     offset: int         # absolute byte offset in the GGUF file
     row_bytes: int
     shape: tuple        # HF shape
-    fix: str | None = None     # gguf_arch.apply_fix on the whole tensor
+    fix: str | None = None     # archs.apply_fix on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
 
     @property
@@ -100,10 +100,10 @@ def read_plan(source: str | Path) -> Plan:
     source = Path(source)
     meta, infos = _read_header(source)
     arch = meta.get("general.architecture")
-    if arch not in gguf_arch.ARCHS:
-        known = ", ".join(sorted(gguf_arch.ARCHS))
+    if arch not in archs.ARCHS:
+        known = ", ".join(sorted(archs.ARCHS))
         raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts {known})")
-    m = gguf_arch.Meta(meta, arch, source)
+    m = archs.Meta(meta, arch, source)
     n_layers = _check_layers(m, infos)
     tensors, extras = _map_tensors(arch, infos, n_layers, source)
     config = _config(arch, m, infos, extras)
@@ -274,7 +274,7 @@ class _Header:
         raise MinigenError(f"{self.source}: {self.what} {why}")
 
 
-def _check_layers(m: gguf_arch.Meta, infos: dict) -> int:
+def _check_layers(m: archs.Meta, infos: dict) -> int:
     """block_count must match the blk.N tensors: checked before anything loops over layers."""
     n = m.int("block_count")
     blocks = {int(b) for b in (re.match(r"blk\.(\d+)\.", name) for name in infos) if b for b in [b.group(1)]}
@@ -289,10 +289,10 @@ def _check_layers(m: gguf_arch.Meta, infos: dict) -> int:
 def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[list[_Tensor], dict]:
     """Each GGUF tensor -> its HF name and shape; the rope factor tensors aside. Fails naming the first tensor
     that has no HF name, an unsupported type, more than two dimensions, or bytes past the end of the file."""
-    from .families import FAMILIES
+    from ..checkpoint.families import FAMILIES
 
-    spec = gguf_arch.ARCHS[arch]
-    names = gguf_arch.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
+    spec = archs.ARCHS[arch]
+    names = archs.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
     size = source.stat().st_size
     tensors, extras = [], {}
     for info in infos.values():
@@ -304,10 +304,10 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
         if hf is None:
             raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
                                f"cannot convert")
-        fix = spec.fixes.get(gguf_arch.kind(info.name))
+        fix = spec.fixes.get(archs.kind(info.name))
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
-        shape = (cols,) if len(info.dims) == 1 else gguf_arch.fixed_shape(fix, (rows, cols))
+        shape = (cols,) if len(info.dims) == 1 else archs.fixed_shape(fix, (rows, cols))
         norm = spec.norm_offset if info.name.endswith("norm.weight") else 0.0
         tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
     return tensors, extras
@@ -346,15 +346,15 @@ def _supported_types() -> set:
 # --- config ------------------------------------------------------------------------------------
 
 
-def _config(arch: str, m: gguf_arch.Meta, infos: dict, extras: dict) -> dict:
+def _config(arch: str, m: archs.Meta, infos: dict, extras: dict) -> dict:
     shapes = {name: info.dims for name, info in infos.items()}
-    config = gguf_arch.family_config(arch, m, gguf_arch.Tensors(shapes))
+    config = archs.family_config(arch, m, archs.Tensors(shapes))
     _rope_from_tensors(arch, config, m, extras)
     config.update(_token_ids(m, config["vocab_size"]))
     return config
 
 
-def _rope_from_tensors(arch: str, config: dict, m: gguf_arch.Meta, extras: dict) -> None:
+def _rope_from_tensors(arch: str, config: dict, m: archs.Meta, extras: dict) -> None:
     """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling."""
     head_dim = config.get("head_dim")
     rope_dims = int(round(head_dim * config.get("partial_rotary_factor", 1.0))) if head_dim else 0
@@ -362,11 +362,11 @@ def _rope_from_tensors(arch: str, config: dict, m: gguf_arch.Meta, extras: dict)
         factors = _read_vector(m.source, *extras.pop("rope_freqs.weight"))
         if config.get("rope_scaling"):
             raise MinigenError(f"{m.source}: both rope_freqs.weight and rope.scaling.type; cannot tell which applies")
-        config["rope_scaling"] = gguf_arch.llama3_rope(factors, config["rope_theta"], rope_dims, m.source)
+        config["rope_scaling"] = archs.llama3_rope(factors, config["rope_theta"], rope_dims, m.source)
     short, long = extras.pop("rope_factors_short.weight", None), extras.pop("rope_factors_long.weight", None)
     if short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
         vec = lambda e: None if e is None else _read_vector(m.source, *e)  # noqa: E731
-        config["rope_scaling"] = gguf_arch.longrope(vec(short), vec(long), m, rope_dims // 2)
+        config["rope_scaling"] = archs.longrope(vec(short), vec(long), m, rope_dims // 2)
     if extras:  # a rope factor tensor this architecture does not use
         raise MinigenError(f"{m.source}: tensor {next(iter(extras))} has no meaning for a {arch} model; cannot convert")
 
@@ -377,7 +377,7 @@ def _read_vector(source: Path, info: _Info, row_bytes: int) -> np.ndarray:
     return _dequantise_rows(source, info.offset, row_bytes, 1, info.qtype, info.name).reshape(-1)
 
 
-def _token_ids(m: gguf_arch.Meta, vocab: int) -> dict:
+def _token_ids(m: archs.Meta, vocab: int) -> dict:
     """bos/eos/pad ids of the tokenizer metadata, each checked to be a token of the vocabulary; null when the
     file has none (so that transformers does not take its config class's default, e.g. SmolLM3's pad 128004).
     A vocabulary longer than the embedding (ids the model has no row for) is refused."""
@@ -389,7 +389,7 @@ def _token_ids(m: gguf_arch.Meta, vocab: int) -> dict:
             for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id"))}
 
 
-def _token_id(m: gguf_arch.Meta, key: str, vocab: int) -> int | None:
+def _token_id(m: archs.Meta, key: str, vocab: int) -> int | None:
     i = m.raw.get(key)
     if i is None:
         return None
@@ -411,16 +411,16 @@ def _generation_config(config: dict, special: dict) -> dict:
 def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path) -> None:
     """The converted config through minigen's own reader, and the tensors' names and shapes through its weight
     resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor."""
-    from .config import parse_config
-    from .families import FAMILIES
-    from .weights import TensorRef, resolve
+    from ..checkpoint.config import parse_config
+    from ..checkpoint.families import FAMILIES
+    from ..checkpoint.weights import TensorRef, resolve
 
     cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
     family = FAMILIES[cfg.model_type]
     try:
         resolve(cfg, family, {t.name: TensorRef(t.name, source, "F32", t.shape, 0, 0, 0) for t in tensors}, source)
     except MinigenError as e:
-        to_gguf = {hf: g for g, hf in gguf_arch.tensor_names(arch, family, cfg.n_layers).items()}
+        to_gguf = {hf: g for g, hf in archs.tensor_names(arch, family, cfg.n_layers).items()}
         raise MinigenError(re.sub(r"'([^']+)'", lambda mt: f"{to_gguf.get(mt.group(1), '?')} ({mt.group(1)})",
                                   str(e))) from None
 
@@ -460,7 +460,7 @@ def _dequantise(plan: Plan, t: _Tensor):
             raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
                                f"dequantisation; the file is damaged")
         if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
-            w = gguf_arch.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
+            w = archs.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
                                     plan.config)
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w

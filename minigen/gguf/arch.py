@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import MinigenError, is_int, is_number, short
+from ..errors import MinigenError, is_int, is_number, short
 
 _MAX_DIM = 2**31 - 1  # ggml's dims are int64, but nothing real is near this; larger means a damaged file
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import Fields, read_rope, rope_parameters
-from .errors import MinigenError
+from ..errors import MinigenError
 
 
 @dataclass(frozen=True)

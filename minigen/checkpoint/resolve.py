@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Callable
 
 from .config import load_config, parse_generation_config
-from .errors import MinigenError, read_json_object
+from ..errors import MinigenError, read_json_object
 from .families import FAMILIES
-from .model import Model
-from .parallel import release_free_heap
-from .tokenizer import Tokenizer
+from ..engine.model import Model
+from ..engine.parallel import release_free_heap
+from ..text.tokenizer import Tokenizer
 from .weights import load_params
 
 # what minigen reads from a hub repository (model-*.safetensors: shards; not consolidated.safetensors duplicates)
@@ -132,7 +132,7 @@ def gguf_cache_dir() -> Path:
 
 def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -> Path:
     """The converted checkpoint of a GGUF file, converting it on first use (and after the file changes)."""
-    from .convert import convert_gguf, read_plan
+    from ..gguf.convert import convert_gguf, read_plan
     from .default_model import is_converted
 
     identity = _identity(source)

@@ -1,0 +1,76 @@
+"""The forward pass's configuration: one frozen `Config` per checkpoint, one `Rope` per distinct rotary
+embedding. Everything the decoder needs, in minigen's own names: sizes, and the handful of switches in
+which the families differ (norm kind and placement, q/k norms, RoPE per layer, soft-caps, sliding
+windows). `minigen.checkpoint.config` builds it from a config.json; nothing here reads a file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LAYERS = 100_000  # a 16 MiB safetensors header (weights.MAX_HEADER) cannot name more layers
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One rotary embedding: the first `dim` dims of each head rotate (HF's half-split within them)."""
+    theta: float
+    dim: int                          # rotated dims per head; the rest pass through (partial rotary)
+    kind: str = "default"             # default | linear | llama3 | longrope
+    factor: float = 1.0               # linear, llama3
+    low_freq_factor: float = 1.0      # llama3
+    high_freq_factor: float = 4.0     # llama3
+    original_max: int = 0             # llama3; longrope: the switch from short to long factors
+    short_factor: tuple = ()          # longrope, one per rotated pair
+    long_factor: tuple = ()
+    attention_factor: float = 1.0     # longrope: cos and sin are scaled by it
+
+
+@dataclass(frozen=True)
+class Config:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    # --- what the forward pass does: set by the family, some by config.json -------------------
+    norm: str = "rms"                 # "rms" | "layer" (LayerNorm, with a bias)
+    pre_norms: bool = True            # norm the input of attention and MLP (all but OLMo 2)
+    post_norms: bool = False          # norm their outputs before the residual add (Gemma 2/3, OLMo 2)
+    parallel_residual: bool = False   # x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX)
+    qk_norm: str | None = None        # RMSNorm on q and k: "head" (over head_dim) | "proj" (whole projection)
+    mlp: str = "gated"                # "gated": down(act(gate) * up) | "plain": down(act(up))
+    act: str = "silu"
+    positions: str = "rope"           # "rope" | "learned" (GPT-2)
+    embed_scale: bool = False         # Gemma: embeddings x sqrt(hidden)
+    attn_scale: float = 0.0           # scores are q.k x attn_scale (1/sqrt(head_dim) unless the family says)
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    rope: tuple = ()                  # per layer: a Rope, or None (no rotary embedding in that layer)
+    sliding_window: int | None = None
+    layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple = ()
+    architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
+    dtype: str = "float32"            # what config.json says the checkpoint was saved in
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head: query head h reads KV head h // group (HF's order)."""
+        return self.n_heads // self.n_kv_heads
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of this layer, or None for full causal attention."""
+        return self.sliding_window if self.is_sliding(layer) else None
