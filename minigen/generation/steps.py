@@ -315,38 +315,59 @@ class Run:
         self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
         self.drafter = make_drafter(self.model, self.tokenizer, self.options)
+        self._detok, self._pending, self.stopped = None, "", False
+        self._stops = tuple(s for s in self.options.stop if s)
 
     def steps(self) -> Iterator[Step]:
+        loop, drafter = (generate_step, {}) if self.drafter is None else (speculative_step, {"drafter": self.drafter})
+        return loop(self.model, self.prompt, *self.loop_args(), **drafter)
+
+    def loop_args(self) -> tuple:
+        """generate_step's arguments after the prompt, from the options: (sampler, processors, rng,
+        max_tokens, eos_ids, max_context, record_attention, cache). A Batch takes them too."""
         o, s = self.options, self.settings
         greedy = s["temp"] == 0
         sampler = None if greedy else make_sampler(s["temp"], s["top_k"], s["top_p"], s["min_p"])
         penalty = make_repetition_penalty(s["repeat_penalty"], o.repeat_last_n)
-        loop, drafter = (generate_step, {}) if self.drafter is None else (speculative_step, {"drafter": self.drafter})
-        return loop(self.model, self.prompt, sampler, [penalty] if penalty else [],
-                    None if greedy else np.random.default_rng(o.seed), o.max_tokens,
-                    () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
-                    o.record_attention, self.cache, **drafter)
+        return (sampler, [penalty] if penalty else [], None if greedy else np.random.default_rng(o.seed),
+                o.max_tokens, () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
+                o.record_attention, self.cache)
 
     def pieces(self) -> Iterator[str]:
-        detok, pending, stops = self.tokenizer.streamer(), "", tuple(s for s in self.options.stop if s)
         for step in self.steps():
-            self._count(step)
-            for callback in self.on_step:
-                callback(step)
-            if step.finish == "eos":
-                break  # the EOS that ends generation is not text
-            self.tokens.append(step.token)
-            text, pending, stopped = split_at_stop(pending + detok.add(step.token), stops)
+            text = self.take(step)
             if text:
                 yield text
-            if stopped:
-                self.stats.finish = "stop"
-                return
-        text, _, stopped = split_at_stop(pending + detok.flush(), stops, final=True)
-        if stopped:
-            self.stats.finish = "stop"
+            if self.stopped or step.finish == "eos":
+                break
+        text = self.flush()
         if text:
             yield text
+
+    def take(self, step: Step) -> str:
+        """One Step in, as pieces() takes them or a Batch hands them out: the text it completes. After
+        a stop string (`stopped`) or a Step with a finish, `flush()` gives what was held back."""
+        if self._detok is None:
+            self._detok = self.tokenizer.streamer()
+        self._count(step)
+        for callback in self.on_step:
+            callback(step)
+        if step.finish == "eos":
+            return ""  # the EOS that ends generation is not text
+        self.tokens.append(step.token)
+        text, self._pending, self.stopped = split_at_stop(self._pending + self._detok.add(step.token), self._stops)
+        if self.stopped:
+            self.stats.finish = "stop"
+        return text
+
+    def flush(self) -> str:
+        """The text held back (an incomplete character, a possible stop string's start) at the end."""
+        if self.stopped or self._detok is None:
+            return ""
+        text, self._pending, stopped = split_at_stop(self._pending + self._detok.flush(), self._stops, final=True)
+        if stopped:
+            self.stats.finish, self.stopped = "stop", True
+        return text
 
     def text(self) -> str:
         return "".join(self.pieces())
