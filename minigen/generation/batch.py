@@ -18,8 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..engine.cache import truncate
-from ..engine.model import must_recompute
+from ..engine.cache import must_recompute, truncate
 from ..errors import MinigenError, OptionError, short
 from .sampling import Processor, Sampler, make_sampler
 from .steps import FIRST_ROOM, Run, Step, check_prompt, run
@@ -115,8 +114,8 @@ class Batch:
 
 
 def forward_batch(model, ids: list[list[int]], caches: list[list]) -> list[np.ndarray]:
-    """Each sequence's logits (V,) after its new ids, through its own cache."""
-    return [model.forward(i, c, last_only=True)[0] for i, c in zip(ids, caches)]
+    """Each sequence's logits (V,) after its new ids, through its own cache, in one forward."""
+    return [logits[0] for logits in model.forward_batch(ids, caches, last_only=True)]
 
 
 # --- a list of prompts, text and all -------------------------------------------------------------------

@@ -32,8 +32,8 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..engine.cache import truncate
-from ..engine.model import hidden, must_recompute, unembed
+from ..engine.cache import must_recompute, truncate
+from ..engine.model import hidden, unembed
 from ..errors import MinigenError
 from .sampling import Processor, categorical
 
@@ -45,7 +45,7 @@ PRIOR_COST = {1: 1.0, 2: 2.6, 3: 2.7, 4: 2.8, 5: 2.8, 7: 2.9, 9: 2.9, 13: 3.0, 1
 
 def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
     """The model's logits (rows, V) at the last `rows` positions of ids, fed through the cache."""
-    ids = model._check_ids(ids)
+    ids = model.check_ids(ids)
     x = hidden(model.params, model.config, ids, cache)                       # (T, D)
     return unembed(x[-rows:], model.params, model.config)                     # (rows, V)
 
