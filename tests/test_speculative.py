@@ -299,3 +299,18 @@ def test_options_are_checked():
         run(model, tok, ids, prompt_lookup=True, record_attention=True)
     with pytest.raises(minigen.errors.OptionError, match="draft_model"):
         run(model, tok, ids, draft_model="weights/x")
+
+
+def test_cli_prompt_lookup_prints_the_same_text_and_its_figures():
+    from click.testing import CliRunner
+    from minigen.cli import main
+    m = FIXTURES / "llama_gqa3"
+    args = ["generate", "--model", str(m), "a b c a b c a b c a b", "-m", "40", "--ignore-eos"]
+    plain_run = CliRunner().invoke(main, args + ["-q"])
+    spec_run = CliRunner().invoke(main, args + ["--prompt-lookup", "-v", "--draft-tokens", "4"])
+    assert plain_run.exit_code == spec_run.exit_code == 0
+    assert spec_run.stdout == plain_run.stdout
+    bad = CliRunner().invoke(main, args + ["--draft-model", str(FIXTURES / "gpt2")])
+    assert bad.exit_code == 1 and "another vocabulary" in bad.output
+    bad = CliRunner().invoke(main, args + ["--prompt-lookup", "--draft-tokens", "-2"])
+    assert bad.exit_code == 2 and "--draft-tokens" in bad.output

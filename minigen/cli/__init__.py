@@ -270,6 +270,9 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
     if verbose:
         lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
                      f"decode {stats.decode_seconds:.3f} s")
+    if verbose and stats.drafted:
+        lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
+                     f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
     return "\n".join(lines)
 
 
@@ -291,6 +294,11 @@ GENERATION_OPTIONS = [  # generate's flags for a run (sampling, stopping, contex
                  help="Stop when this text appears (not printed); \\n, \\t, \\r, \\\\ are escapes. Repeatable."),
     click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token."),
     click.option("--max-context", type=int, help="Context size in tokens (default and maximum: the model's)."),
+    click.option("--prompt-lookup", is_flag=True, help="Speculative decoding: draft tokens from n-grams of the "
+                 "prompt and output, verify several per forward (same output, faster when the text repeats)."),
+    click.option("--draft-model", metavar="PATH|ID", help="Speculative decoding with this small model drafting "
+                 "(it must share the model's tokenizer)."),
+    click.option("--draft-tokens", type=int, help="At most this many drafts per forward (default 16, adaptive; 0: none)."),
     click.option("-q", "--quiet", is_flag=True, help="No figures on stderr."),
     click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after."),
 ]
@@ -316,15 +324,86 @@ def generation_options(command):
 @click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
 @click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
-def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **options):
+@click.option("--batch", "batch_file", type=click.Path(exists=True, dir_okay=False),
+              help="Generate for every prompt of FILE (one a line, or JSONL objects with a \"prompt\" and options), "
+                   "in one batch; JSONL results on stdout in input order.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, batch_file, **options):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     dump = pop_dump_options(options)  # --dump-attention & co: see the attention section (issue 5)
+    if batch_file is not None:
+        if any(x is not None for x in (prompt, prompt_opt, file, dump)):
+            raise click.UsageError("--batch reads the prompts from its file: give no PROMPT, -p, -f or --dump-attention")
+        sys.exit(generate_batch_file(batch_file, model_path, chat, system, quiet, verbose, options))
     text = read_prompt(prompt, prompt_opt, file)
     model, tokenizer, load_seconds = load_model(model_path)
+    load_draft_model(options)
     run = build_run(model, tokenizer, text, chat, system, record_attention=dump is not None, **options)
     if dump is not None:
         sys.exit(generate_with_dump(run, load_seconds, quiet, verbose, dump))
     sys.exit(print_run(run, load_seconds, quiet, verbose))
+
+
+def load_draft_model(options: dict):
+    """--draft-model PATH|ID, loaded as --model is: the option then holds (model, tokenizer)."""
+    if options.get("draft_model") is not None:
+        model, tokenizer, _ = load_model(options["draft_model"])
+        options["draft_model"] = (model, tokenizer)
+
+
+BATCH = 16   # sequences in one batch at most (scripts/bench.py --batch: tokens/s still grows to 16)
+
+
+def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, verbose: bool, options: dict) -> int:
+    """`generate --batch FILE`: every prompt of the file, JSONL results on stdout in input order, each as
+    soon as it and those before it are done; a progress line on stderr in a terminal."""
+    import json
+    import time
+    from ..generation.batch import batch_runs, read_batch_file
+    from ..generation.steps import run
+    if options.get("draft_model") is not None or options.get("prompt_lookup"):
+        raise click.UsageError("--batch does not combine with --prompt-lookup or --draft-model yet")
+    prompts, per_prompt = read_batch_file(path)
+    model, tokenizer, load_seconds = load_model(model_path)
+    run(model, tokenizer, [0], **options)   # the flags checked first (a bad one is a usage error), then each line's
+    for n, o in enumerate(per_prompt):
+        try:
+            run(model, tokenizer, [0], **{**options, **o})
+        except OptionError as e:
+            if e.option not in o:
+                raise
+            raise MinigenError(f"{path}: prompt {n + 1}: {e.option}: {e.message}") from None
+    tokens, start, written = [0], time.perf_counter(), [0]
+    progress = sys.stderr.isatty() and not quiet
+    results = {}
+
+    def on_done(result):
+        results[result.index] = result
+        while written[0] in results:
+            r = results.pop(written[0])
+            click.echo(json.dumps({"index": r.index, "text": r.text, "tokens": r.tokens,
+                                   "finish_reason": r.finish_reason}, ensure_ascii=False))
+            written[0] += 1
+
+    def on_step(i, step):
+        tokens[0] += 1
+        if progress:
+            rate = tokens[0] / (time.perf_counter() - start)
+            click.echo(f"\rbatch: {written[0]}/{len(prompts)} written, {tokens[0]} tokens, {rate:.1f} tokens/s ",
+                       err=True, nl=False)
+
+    try:
+        runs = batch_runs(model, tokenizer, prompts, [{**options, **o} for o in per_prompt], chat=chat or system is not None,
+                          system=system, on_step=on_step, on_done=on_done, max_batch=BATCH)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if progress:
+            click.echo(err=True)
+    if not quiet:
+        seconds = time.perf_counter() - start
+        click.echo(f"==========\nbatch: {len(runs)} prompts, {tokens[0]} tokens in {seconds:.2f} s, "
+                   f"{tokens[0] / seconds:.1f} tokens/s (prefill included); load: {load_seconds:.2f} s", err=True)
+    return 0
 
 
 @main.command()
@@ -388,6 +467,7 @@ def chat(model_path, system, load_path, quiet, verbose, **options):
     from ..generation.chat import ChatSession, load_conversation
     messages = load_conversation(load_path) if load_path else []
     model, tokenizer, load_seconds = load_model(model_path)
+    load_draft_model(options)
     session = ChatSession(model, tokenizer, messages, system=system, **options)
     terminal = stdin_is_terminal()
     if terminal:

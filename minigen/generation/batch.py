@@ -12,14 +12,16 @@ detokenizer and stop strings).
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..engine.cache import must_recompute, truncate
-from ..errors import MinigenError, OptionError, short
+from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded, short
 from .sampling import Processor, Sampler, make_sampler
 from .steps import FIRST_ROOM, Run, Step, check_prompt, run
 
@@ -120,6 +122,9 @@ def forward_batch(model, ids: list[list[int]], caches: list[list]) -> list[np.nd
 
 # --- a list of prompts, text and all -------------------------------------------------------------------
 
+BATCH_FILE_LIMIT = 64 * MiB
+
+
 @dataclass
 class Result:
     index: int
@@ -129,17 +134,18 @@ class Result:
     run: Run = field(repr=False)
 
 
-def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | dict = (),
-               chat: bool = False, on_step: Callable[[int, Step], None] | None = None,
-               max_batch: int | None = None) -> list[Result]:
+def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | dict = (), chat: bool = False,
+               system: str | None = None, on_step: Callable[[int, Step], None] | None = None,
+               on_done: Callable[[Result], None] | None = None, max_batch: int | None = None) -> list[Result]:
     """Generate for every prompt (text or ids), each with its own options (one dict for all, or one per
-    prompt), at most max_batch at a time (None: all), in one Batch. Results in input order."""
+    prompt), at most max_batch at a time (None: all), in one Batch. Results in input order; `on_done`
+    sees each as it finishes, `on_step` each Step with its prompt's index."""
     if isinstance(options, dict):
         options = [options] * len(prompts)
     if len(options) != len(prompts):
         raise OptionError("options", f"{len(options)} option sets for {len(prompts)} prompts")
-    runs = [_run(model, tokenizer, p, o, chat) for p, o in zip(prompts, options)]
-    texts = [""] * len(runs)
+    runs = [_run(model, tokenizer, p, o, chat, system) for p, o in zip(prompts, options)]
+    texts, results = [""] * len(runs), [None] * len(runs)
     batch, handles, waiting = Batch(model), {}, list(range(len(runs)))
     while waiting or handles:
         while waiting and (max_batch is None or len(handles) < max_batch):
@@ -149,23 +155,56 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
             i = handles[h]
             r = runs[i]
             texts[i] += r.take(step)
+            if on_step:
+                on_step(i, step)
             if r.stopped or step.finish:
                 texts[i] += r.flush()
                 batch.cancel(h)
                 del handles[h]
-            if on_step:
-                on_step(i, step)
-    return [Result(i, texts[i], r.tokens, r.stats.finish, r) for i, r in enumerate(runs)]
+                results[i] = Result(i, texts[i], r.tokens, r.stats.finish, r)
+                if on_done:
+                    on_done(results[i])
+    return results
 
 
-def _run(model, tokenizer, prompt, options: dict, chat: bool) -> Run:
+def _run(model, tokenizer, prompt, options: dict, chat: bool, system: str | None) -> Run:
     if not isinstance(options, dict):
         raise OptionError("options", f"should be an object of options, got {short(options, 40)}")
-    r = run(model, tokenizer, prompt, chat=chat, **options)
+    r = run(model, tokenizer, prompt, chat=chat, system=system, **options)
     if r.drafter is not None:
         raise OptionError("prompt_lookup" if r.options.prompt_lookup else "draft_model",
                           "speculative decoding is not available in a batch yet")
     return r
+
+
+def read_batch_file(path: str | Path) -> tuple[list, list[dict]]:
+    """The prompts of a batch file and each one's options: a line is a prompt, or (starting with "{")
+    a JSON object with a "prompt" (text or token ids) and options named like generate's (max_tokens,
+    temp, ..., stop). Blank lines are skipped. MinigenError naming the file and line."""
+    text = decode_utf8(read_bounded(path, BATCH_FILE_LIMIT, "batch file"), str(path), "the batch file")
+    prompts, options = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            prompts.append(line)
+            options.append({})
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MinigenError(f"{path}:{n}: not a JSON object ({e.msg} at column {e.colno})")
+        if not isinstance(obj, dict) or "prompt" not in obj:
+            raise MinigenError(f'{path}:{n}: a JSON line needs a "prompt" field (text or token ids)')
+        prompt = obj.pop("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                             for i in prompt))):
+            raise MinigenError(f"{path}:{n}: prompt: should be a string or a list of token ids, got {short(prompt, 40)}")
+        prompts.append(prompt)
+        options.append(obj)
+    if not prompts:
+        raise MinigenError(f"{path}: no prompts (one a line, or JSON objects with a \"prompt\")")
+    return prompts, options
 
 
 def generate_batch(model, tokenizer, prompts: Sequence, **options) -> list[str]:

@@ -94,13 +94,18 @@ def residual_draw(p: np.ndarray, q, rng) -> int:
 
 class Policy:
     """The number of drafts to verify (see the module's docstring): acceptance rates per kind of guess,
-    forward times per row count, and the cost of drafting one token (a draft model's forward)."""
+    forward times per row count, and the cost of drafting one token (a draft model's forward). While
+    no draft pays at the rates seen, one forward in PROBE_EVERY still verifies a few (a forward of
+    PRIOR_COST[5] ~ 3x: a few % at most), so that the costs of this machine and model get measured."""
+
+    PROBE_EVERY = 64
 
     def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
         self.max_draft, self.draft_cost = max_draft, draft_cost
         self.rate: dict = {}          # kind -> running acceptance rate of one draft position
         self.seconds: dict = {}       # rows -> running seconds of a forward over that many rows
         self.prior = prior
+        self.calls, self.next_probe = 0, 8
 
     def choose(self, kind, available: int) -> int:
         a = min(self.rate.get(kind, self.prior), 0.999)
@@ -111,12 +116,23 @@ class Policy:
                 gain = expected / (self.cost(k + 1) + k * self.draft_cost)
                 if gain > best:
                     best, best_k = gain, k
+        self.calls += 1
+        if best_k == 0 and available > 0 and self.calls >= self.next_probe:
+            self.next_probe = self.calls + self.PROBE_EVERY
+            return min(available, self.max_draft, 4)
         return best_k
 
     def cost(self, rows: int) -> float:
-        if rows in self.seconds and 1 in self.seconds:
+        """forward(rows) / forward(1): measured, else the prior scaled to the nearest size measured."""
+        prior = lambda r: PRIOR_COST.get(r) or PRIOR_COST[min(PRIOR_COST, key=lambda c: abs(c - r))]
+        if 1 not in self.seconds:
+            return prior(rows)
+        if rows in self.seconds:
             return self.seconds[rows] / self.seconds[1]
-        return PRIOR_COST.get(rows) or PRIOR_COST[min(PRIOR_COST, key=lambda r: abs(r - rows))]
+        near = min((r for r in self.seconds if r > 1), key=lambda r: abs(r - rows), default=None)
+        if near is None:
+            return prior(rows)
+        return self.seconds[near] / self.seconds[1] * prior(rows) / prior(near)
 
     def observe(self, kind, accepted: int, drafted: int):
         """A draft of `drafted` guesses whose first `accepted` were kept: position by position."""
