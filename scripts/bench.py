@@ -11,8 +11,9 @@ noisy machine slows them alike, and each process warms up on a short prompt befo
 - minigen: `generate_step`. Its process also times NumPy's floor for one decode step right before each
   prompt: x @ w.T once over every weight matrix, as a step needs them (the GEMVs alone). Peak RSS is
   measured apart, once per length: a fresh process that loads the model and runs that one generation.
-- transformers: float32, eager attention, torch at --threads threads, run by --hf-python (default: this
-  interpreter if it imports torch and transformers, else $MINIGEN_REF_PYTHON, else /root/ref/bin/python).
+- transformers: float32, its default attention (sdpa, what its users get; eager is for correctness
+  fixtures only), torch at --threads threads, run by --hf-python (default: this interpreter if it
+  imports torch and transformers, else $MINIGEN_REF_PYTHON, else /root/ref/bin/python).
 - llama.cpp: `llama-bench` (from --llama-bin: default $LLAMA_CPP_BIN, else the llama-cpp-python build
   under ~/.cache/minigen-llama-cpp) on an F32 GGUF of the same checkpoint, at its defaults otherwise
   (f16 KV cache, flash attention auto): -p N for prefill, -n G -d N for decode after an N-token prompt.
@@ -21,6 +22,14 @@ noisy machine slows them alike, and each process warms up on a short prompt befo
 
 Prints one table (markdown) with the ratios, and writes a chart of tok/s against prompt length to
 --chart, drawn with matplotlib in the --hf-python interpreter: a dependency of this script only.
+
+Sections behind flags (each its own table; --no-sweep skips the sweep above):
+- --spec: a forward of k new tokens against one (k = 2, 4, 8, 16, after a 150-token prompt), what
+  speculative decoding and batching can gain at most; then prompt lookup on input-grounded prompts
+  (quote a document, reformat code, fill a form) and a free-form one against plain greedy decoding,
+  minigen and transformers' prompt_lookup_num_tokens side by side, the tokens checked identical.
+- --batch: 1, 4, 8 and 16 prompts of different lengths generated as one batch against one at a time
+  (minigen's Batch; transformers' batched generate with left padding), tokens/s of the whole batch.
 """
 from __future__ import annotations
 
@@ -131,8 +140,7 @@ def worker_transformers(args) -> dict:
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                              attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)   # sdpa
     model.eval()
     load_s = time.perf_counter() - start
     prompts = json.loads(Path(args.prompts).read_text())
@@ -193,7 +201,207 @@ def worker_chart(args) -> dict:
     return {}
 
 
-WORKERS = {"minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
+# --- speculative decoding and batching (--spec, --batch) --------------------------------------------
+
+FORWARD_KS = (1, 2, 4, 8, 16)
+DOC = (ROOT / "minigen" / "engine" / "cache.py").read_text().split('"""')[1].strip()
+CODE = (ROOT / "minigen" / "engine" / "layers.py").read_text()[:1400]
+RECORD = json.dumps({"name": "Ada Lovelace", "born": "10 December 1815", "city": "London",
+                     "occupation": "mathematician", "known for": "the first published computer program",
+                     "email": "ada@example.org", "phone": "+44 20 7946 0958"}, indent=1)
+LOOKUP_TASKS = {  # name -> chat message; all but "free-form" are grounded in their input
+    "quote a document": f"Here is a document:\n\n{DOC}\n\nCopy its first two paragraphs exactly, word for word.",
+    "reformat code": f"Rewrite this Python code with every comment removed, nothing else changed:\n\n{CODE}",
+    "fill a form": f"Record:\n{RECORD}\n\nFill this form from the record, one line per field:\n"
+                   "Name:\nDate of birth:\nCity:\nOccupation:\nKnown for:\nEmail:\nPhone:",
+    "free-form": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+BATCH_SIZES = (1, 4, 8, 16)
+
+
+def worker_forward_k(args) -> dict:
+    """Median seconds of a forward over k new tokens after a 150-token prompt, k in FORWARD_KS, the
+    sizes taking turns in each round."""
+    import minigen
+    from minigen.engine.cache import truncate
+    model, tok = minigen.load(args.model)
+    ids = json.loads(Path(args.prompts).read_text())["150"]
+    cache = model.make_cache(256)
+    model.forward(ids, cache)
+    times = {k: [] for k in FORWARD_KS}
+    for _ in range(max(args.rounds, 3) * 3):
+        for k in FORWARD_KS:
+            start = time.perf_counter()
+            model.forward(ids[:k], cache)
+            times[k].append(time.perf_counter() - start)
+            truncate(cache, len(ids))
+    return {str(k): statistics.median(v) for k, v in times.items()}
+
+
+def chat_prompts(model_dir: Path) -> dict:
+    """LOOKUP_TASKS through the checkpoint's chat template: {task: ids}."""
+    sys.path.insert(0, str(ROOT))
+    import minigen
+    from minigen.generation.steps import prompt_ids
+    _, tok = minigen.load(model_dir)
+    return {name: prompt_ids(tok, text, chat=True) for name, text in LOOKUP_TASKS.items()}
+
+
+def worker_lookup(args) -> dict:
+    """Per task: decode tokens/s of plain greedy and of prompt lookup, drafts accepted, tokens equal."""
+    import minigen
+    from minigen.generation.steps import run
+    model, tok = minigen.load(args.model)
+    prompts = json.loads(Path(args.prompts).read_text())["lookup"]
+    run(model, tok, prompts["free-form"][:64], max_tokens=8).text()   # warm-up
+    out = {}
+    for name, ids in prompts.items():
+        res = {}
+        for mode in ("plain", "lookup"):
+            r = run(model, tok, ids, max_tokens=args.gen_tokens, ignore_eos=True, prompt_lookup=mode == "lookup")
+            r.text()
+            res[mode] = dict(tps=r.stats.decode_tps, tokens=r.tokens, accepted=r.stats.accepted,
+                             drafted=r.stats.drafted, forwards=r.stats.forwards)
+        out[name] = res
+    return out
+
+
+def worker_lookup_hf(args) -> dict:
+    """transformers' generate on the same prompts, greedy, without and with prompt_lookup_num_tokens=10."""
+    import torch
+    import transformers
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    prompts = json.loads(Path(args.prompts).read_text())["lookup"]
+    out = {}
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts["free-form"][:64]]), max_new_tokens=8, do_sample=False)
+        for name, ids in prompts.items():
+            res = {}
+            for mode, extra in (("plain", {}), ("lookup", {"prompt_lookup_num_tokens": 10})):
+                x = torch.tensor([ids])
+                start = time.perf_counter()
+                y = model.generate(x, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+                first = time.perf_counter() - start
+                start = time.perf_counter()
+                y = model.generate(x, max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens,
+                                   do_sample=False, **extra)
+                seconds = time.perf_counter() - start - first   # decode only, as minigen's figure
+                res[mode] = dict(tps=(args.gen_tokens - 1) / seconds, tokens=y[0, len(ids):].tolist())
+            out[name] = res
+    return out
+
+
+def batch_prompts(model_dir: Path, n: int) -> list[list[int]]:
+    """n prompts of different lengths (40 to ~200 tokens) of plain English."""
+    ids = prompt_ids(model_dir, 200 + 8 * n)
+    return [ids[8 * i: 8 * i + 40 + (160 * i) // max(1, n - 1)] for i in range(n)]
+
+
+def worker_batch(args) -> dict:
+    """Per batch size: tokens/s of the batch (every sequence's generated tokens over the wall time,
+    prefill included) and of the same prompts one at a time; results checked equal."""
+    import minigen
+    from minigen.generation.batch import Batch
+    from minigen.generation.steps import generate_step
+    model, _ = minigen.load(args.model)
+    data = json.loads(Path(args.prompts).read_text())["batch"]
+    list(generate_step(model, data["1"][0][:32], max_tokens=4))   # warm-up
+    out = {}
+    for n in map(str, BATCH_SIZES):
+        prompts = data[n]
+        start = time.perf_counter()
+        alone = [[s.token for s in generate_step(model, p, max_tokens=args.gen_tokens)] for p in prompts]
+        alone_s = time.perf_counter() - start
+        start = time.perf_counter()
+        batch, got = Batch(model), {}
+        handles = [batch.add(p, max_tokens=args.gen_tokens) for p in prompts]
+        while len(batch):
+            for h, step in batch.step().items():
+                got.setdefault(h, []).append(step.token)
+        batch_s = time.perf_counter() - start
+        total = sum(len(a) for a in alone)
+        out[n] = dict(batch=total / batch_s, alone=total / alone_s, same=[got[h] for h in handles] == alone)
+    return out
+
+
+def worker_batch_hf(args) -> dict:
+    """transformers' batched generate (left padding), greedy, per batch size: tokens/s of the batch."""
+    import torch
+    import transformers
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    data = json.loads(Path(args.prompts).read_text())["batch"]
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    out = {}
+    with torch.inference_mode():
+        model.generate(torch.tensor([data["1"][0][:32]]), max_new_tokens=4, do_sample=False)
+        for n in map(str, BATCH_SIZES):
+            prompts = data[n]
+            width = max(map(len, prompts))
+            x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            start = time.perf_counter()
+            model.generate(x, attention_mask=mask, max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens,
+                           do_sample=False, pad_token_id=pad)
+            out[n] = dict(batch=len(prompts) * args.gen_tokens / (time.perf_counter() - start))
+    return out
+
+
+def section_spec(args, hf: bool):
+    ids = prompt_ids(args.model, 150)
+    args.prompts.write_text(json.dumps({"150": ids, "lookup": chat_prompts(args.model)}))
+    fk = run_worker("forward-k", sys.executable, args)
+    if fk:
+        print("\n| k new tokens | " + " | ".join(map(str, FORWARD_KS)) + " |\n|---|" + "---|" * len(FORWARD_KS))
+        print("| forward ms | " + " | ".join(f"{1000 * fk[str(k)]:.1f}" for k in FORWARD_KS) + " |")
+        print("| forward(k) / forward(1) | " + " | ".join(f"{fk[str(k)] / fk['1']:.2f}" for k in FORWARD_KS) + " |")
+        print(f"\nSmolLM2-135M float32 after a 150-token prompt, medians of {max(args.rounds, 3) * 3} rounds; "
+              f"{args.threads} threads")
+    mg = run_worker("lookup", sys.executable, args)
+    tf = run_worker("lookup-hf", args.hf_python, args) if hf else None
+    if not mg:
+        return
+    print("\n| task | plain decode | prompt lookup | ÷ plain | drafts kept / forward | acceptance | tokens equal |"
+          + (" transformers plain | transformers lookup | ÷ plain | minigen lookup ÷ transformers lookup |" if tf else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|---|" if tf else ""))
+    for name, r in mg.items():
+        p, l = r["plain"], r["lookup"]
+        row = [name, f"{p['tps']:.1f}", f"{l['tps']:.1f}", f"{l['tps'] / p['tps']:.2f}×",
+               f"{l['accepted'] / max(1, l['forwards'] - 1):.2f}", f"{100 * l['accepted'] / max(1, l['drafted']):.0f} %",
+               "yes" if p["tokens"] == l["tokens"] else "NO"]
+        if tf:
+            t = tf[name]
+            row += [f"{t['plain']['tps']:.1f}", f"{t['lookup']['tps']:.1f}", f"{t['lookup']['tps'] / t['plain']['tps']:.2f}×",
+                    f"{l['tps'] / t['lookup']['tps']:.2f}×"]
+        print("| " + " | ".join(row) + " |")
+    grounded = [r["lookup"]["tps"] / r["plain"]["tps"] for n, r in mg.items() if n != "free-form"]
+    print(f"\ntokens/s of decoding ({args.gen_tokens} greedy tokens, EOS ignored) after the chat-templated prompt; "
+          f"grounded tasks' mean speed-up {statistics.mean(grounded):.2f}×")
+
+
+def section_batch(args, hf: bool):
+    args.prompts.write_text(json.dumps({"batch": {str(n): batch_prompts(args.model, n) for n in BATCH_SIZES}}))
+    mg = run_worker("batch", sys.executable, args)
+    tf = run_worker("batch-hf", args.hf_python, args) if hf else None
+    if not mg:
+        return
+    print("\n| prompts | minigen one at a time | minigen batch | ÷ one at a time | same tokens |"
+          + (" transformers batch | minigen ÷ transformers |" if tf else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if tf else ""))
+    for n in map(str, BATCH_SIZES):
+        r = mg[n]
+        row = [n, f"{r['alone']:.1f}", f"{r['batch']:.1f}", f"{r['batch'] / r['alone']:.2f}×", "yes" if r["same"] else "NO"]
+        if tf:
+            row += [f"{tf[n]['batch']:.1f}", f"{r['batch'] / tf[n]['batch']:.2f}×"]
+        print("| " + " | ".join(row) + " |")
+    print(f"\ntokens/s of the whole batch: {args.gen_tokens} greedy tokens per prompt (40-200 prompt tokens), "
+          f"prefill included; {args.threads} threads")
+
+
+WORKERS = {"forward-k": worker_forward_k, "lookup": worker_lookup, "lookup-hf": worker_lookup_hf,
+           "batch": worker_batch, "batch-hf": worker_batch_hf,
+           "minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
            "chart": worker_chart}
 
 
@@ -340,6 +548,9 @@ def main():
     ap.add_argument("--gguf", help="F32 GGUF of the model for llama.cpp (made when missing).")
     ap.add_argument("--chart", default=str(ROOT / "docs" / "speed.png"), help="PNG to write ('' for none).")
     ap.add_argument("--json", help="Also write the raw rounds and the summary here.")
+    ap.add_argument("--spec", action="store_true", help="Also: forward(k)/forward(1), and prompt lookup against plain decoding.")
+    ap.add_argument("--batch", action="store_true", help="Also: batches of 1/4/8/16 prompts against one at a time.")
+    ap.add_argument("--no-sweep", action="store_true", help="Skip the prompt-length sweep (run only the sections asked for).")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -364,6 +575,14 @@ def main():
         engines.remove("llama.cpp")
     with tempfile.TemporaryDirectory() as tmp:
         args.prompts = Path(tmp) / "prompts.json"
+        if args.spec or args.batch:
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", file=sys.stderr)
+        if args.spec:
+            section_spec(args, "transformers" in engines)
+        if args.batch:
+            section_batch(args, "transformers" in engines)
+        if args.no_sweep:
+            return
         args.prompts.write_text(json.dumps({str(n): prompt_ids(args.model, n) for n in args.lengths} |
                                            {"warmup": prompt_ids(args.model, WARMUP)}))
         runs = {e: [] for e in engines}

@@ -255,8 +255,11 @@ def check_same_vocabulary(tokenizer, draft_tokenizer, model, draft):
     differ = next((t for t in sorted(set(mine) | set(theirs), key=lambda t: mine.get(t, theirs.get(t)))
                    if mine.get(t) != theirs.get(t)), None)
     if differ is not None:
-        raise MinigenError(f"{where} has another vocabulary: token {differ!r} is id {theirs.get(differ)} there and "
-                           f"{mine.get(differ)} here; a draft model must share the model's tokenizer")
+        a, b = mine.get(differ), theirs.get(differ)
+        what = (f"the model's token {differ!r} (id {a}) is not in it" if b is None else
+                f"its token {differ!r} (id {b}) is not in the model's" if a is None else
+                f"token {differ!r} is id {b} there and {a} in the model")
+        raise MinigenError(f"{where} has another vocabulary: {what}; a draft model must share the model's tokenizer")
     specials = {n: (tokenizer.special_token(n), draft_tokenizer.special_token(n)) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
     wrong = next((n for n, (a, b) in specials.items() if a != b and a is not None and b is not None), None)
     if wrong is not None:
