@@ -314,3 +314,33 @@ def test_cli_prompt_lookup_prints_the_same_text_and_its_figures():
     assert bad.exit_code == 1 and "another vocabulary" in bad.output
     bad = CliRunner().invoke(main, args + ["--prompt-lookup", "--draft-tokens", "-2"])
     assert bad.exit_code == 2 and "--draft-tokens" in bad.output
+
+
+def test_chat_turns_with_speculation_equal_plain_generation():
+    """Across turns the cache carries over: after speculative turns it must hold exactly what was kept."""
+    from minigen.generation.chat import ChatSession
+    model, tok, _ = fixture("llama_gqa3")
+    lines = ["a b c a b c a b", "And again: a b c a b c", "Thanks! c b a c b a"]
+    truth_for = {}
+
+    class Oracle:   # drafts the plain run's continuation of this very turn, 6 at a time, 2 of them wrong
+        def draft(self, tokens, room, sampler, processors, rng):
+            key = max((k for k in truth_for if tokens[:len(k)] == list(k)), key=len)   # this turn's prompt
+            done = tokens[len(key):]
+            right = truth_for[key][len(done):len(done) + 6]
+            return [t if j < 4 else (t + 1) % model.config.vocab_size for j, t in enumerate(right)][:room], None
+
+        def feedback(self, *args):
+            pass
+
+    plain_session = ChatSession(model, tok, max_tokens=12, ignore_eos=True)
+    spec_session = ChatSession(model, tok, max_tokens=12, ignore_eos=True, prompt_lookup=True)
+    for line in lines:
+        want = plain_session.reply(line)
+        want_text = want.text()
+        truth_for[tuple(want.run.prompt)] = want.run.tokens
+        got = spec_session.reply(line)
+        got.run.drafter = Oracle()
+        assert got.text() == want_text
+        assert got.stats.accepted > 0 and got.stats.forwards < want.stats.forwards
+        assert spec_session.cached == plain_session.cached
