@@ -20,8 +20,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..engine.cache import truncate
-from ..engine.model import reusable_prefix
+from ..engine.cache import reusable_prefix, truncate
 from ..errors import MinigenError, first_line
 from ..files import atomic_write
 from .options import Options

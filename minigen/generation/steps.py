@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..engine.cache import truncate
-from ..engine.model import must_recompute
+from ..engine.cache import must_recompute
 from ..errors import MinigenError, OptionError, is_int, short
 from .options import Options, check_prompt
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler
