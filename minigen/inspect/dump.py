@@ -176,7 +176,7 @@ def _square(a: np.ndarray, key: str, T: int) -> np.ndarray:
 
 class GenerationDump:
     """--dump-attention during generation: checks the path and the size before the run, collects each
-    Step's attention (`on_step`, a generate.Run callback), writes the file when `finish` is called.
+    Step's attention (`on_step`, a generation.steps.Run callback), writes the file when `finish` is called.
 
     with GenerationDump(model, tokenizer, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
         run.on_step.append(dump.on_step); ...; dump.finish()
