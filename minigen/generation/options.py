@@ -115,6 +115,12 @@ class Options:
                                      show="context {}",
                                      help="Context size in tokens (default and maximum: the model's).")
     record_attention: bool = option(False, _switch, "true or false")   # generate's --dump-attention sets it
+    prompt_lookup: bool = option(False, _switch, "true or false")      # draft from the context's own n-grams
+    draft_model: tuple | None = option(                                # (Model, Tokenizer) of a small model that drafts
+        None, _maybe(lambda v: isinstance(v, tuple) and len(v) == 2 and hasattr(v[0], "forward")),
+        "a (model, tokenizer) pair, as minigen.load returns")
+    draft_tokens: int | None = option(None, _maybe(lambda v: is_int(v) and 0 <= v <= 64), "an integer in 0..64")
+    # (speculative decoding, generation/speculative.py: at most draft_tokens drafts per forward; None: 16)
 
     def __post_init__(self):
         stop = self.stop
@@ -124,6 +130,9 @@ class Options:
             value = getattr(self, f.name)
             if not spec(f).check(value):
                 raise OptionError(f.name, f"should be {spec(f).what}, got {short(value, 40)}")
+        for clash, name, message in _clashes(self):
+            if clash:
+                raise OptionError(name, message)
 
     @classmethod
     def of(cls, **options) -> "Options":
@@ -147,6 +156,15 @@ class Options:
         filled = {f.name: spec(f).fallback(model) for f in fields(self)
                   if getattr(self, f.name) is None and spec(f).fallback is not None}
         return replace(self, **filled) if filled else self
+
+
+def _clashes(o: Options) -> list[tuple[bool, str, str]]:
+    """Options that do not go together: (given together, the option named, the message)."""
+    return [(o.record_attention and (o.prompt_lookup or o.draft_model is not None),
+             "prompt_lookup" if o.prompt_lookup else "draft_model",
+             "cannot be combined with recording attention (a verifying forward holds drafts)"),
+            (o.prompt_lookup and o.draft_model is not None, "draft_model",
+             "choose one drafter: prompt_lookup or draft_model, not both")]
 
 
 NAMES = tuple(f.name for f in fields(Options))
