@@ -115,3 +115,47 @@ def test_batch_refuses_bad_options_naming_them():
         batch_runs(model, tok, ["a", "b"], [{}])
     with pytest.raises(OptionError, match="nucleus"):
         batch_runs(model, tok, ["a"], [{"nucleus": 1}])
+
+
+# --- the command line: generate --batch FILE -----------------------------------------------------------
+
+def cli(*args):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_batch_writes_jsonl_in_input_order(tmp_path):
+    import json
+    model, tok, _ = fixture("llama_gqa3")
+    f = tmp_path / "prompts.txt"
+    f.write_text('Hello there\n\n{"prompt": "The quick brown", "max_tokens": 3, "temp": 0.7, "seed": 1}\n'
+                 '{"prompt": [5, 6, 7], "max_tokens": 9}\nOne more line\n')
+    r = cli("generate", "--model", FIXTURES / "llama_gqa3", "--batch", f, "-m", "6", "-q", "--ignore-eos")
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["index"] for x in lines] == [0, 1, 2, 3]
+    want = [Run.from_prompt(model, tok, "Hello there", max_tokens=6, ignore_eos=True),
+            Run.from_prompt(model, tok, "The quick brown", max_tokens=3, temp=0.7, seed=1, ignore_eos=True),
+            Run.from_prompt(model, tok, [5, 6, 7], max_tokens=9, ignore_eos=True),
+            Run.from_prompt(model, tok, "One more line", max_tokens=6, ignore_eos=True)]
+    for got, w in zip(lines, want):
+        assert got["text"] == w.text() and got["tokens"] == w.tokens and got["finish_reason"] == w.stats.finish
+        assert set(got) == {"index", "text", "tokens", "finish_reason"}
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "x", "temp": -1}\n', "prompt 1: temp: should be a number >= 0"),
+    ('{"prompt": 3}\n', ":1: prompt: should be a string or a list of token ids"),
+    ('a\n{"prompt": "x",\n', ":2: not a JSON object"),
+    ('{"text": "x"}\n', 'needs a "prompt" field'),
+    ('\n\n', "no prompts"),
+    ('{"prompt": "x", "nucleus": 0.5}\n', "prompt 1: nucleus: no such option"),
+])
+def test_cli_batch_bad_files_are_one_line(tmp_path, content, message):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(content)
+    r = cli("generate", "--model", FIXTURES / "llama_gqa3", "--batch", f)
+    assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = cli("generate", "--model", FIXTURES / "llama_gqa3", "--batch", f, "hello")
+    assert r.exit_code == 2

@@ -325,6 +325,8 @@ def test_cli_prompt_lookup_prints_the_same_text_and_its_figures():
     spec_run = CliRunner().invoke(main, args + ["--prompt-lookup", "-v", "--draft-tokens", "4"])
     assert plain_run.exit_code == spec_run.exit_code == 0
     assert spec_run.stdout == plain_run.stdout
+    bad = CliRunner().invoke(main, args + ["--draft-model", str(FIXTURES / "gpt2")])
+    assert bad.exit_code == 1 and "another vocabulary" in bad.output
     bad = CliRunner().invoke(main, args + ["--prompt-lookup", "--draft-tokens", "-2"])
     assert bad.exit_code == 2 and "--draft-tokens" in bad.output
 

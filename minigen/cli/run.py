@@ -60,11 +60,23 @@ def run_options(name: str):
 @click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
 @click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
-def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **flags):
+@click.option("--draft-model", "draft_path", metavar="PATH|ID",
+              help="Speculative decoding with this small model drafting (it must share the model's tokenizer).")
+@click.option("--batch", "batch_file", type=click.Path(exists=True, dir_okay=False),
+              help="Generate for every prompt of FILE (one a line, or JSONL objects with a \"prompt\" and options), "
+                   "in one batch; JSONL results on stdout in input order.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, draft_path, batch_file, **flags):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     from ..generation.steps import Run, prompt_ids
     dump = pop_dump_options(flags)
-    options = Options.of(record_attention=dump is not None, **flags)
+    if batch_file is not None:
+        if any(x is not None for x in (prompt, prompt_opt, file, dump, draft_path)) or flags.get("prompt_lookup"):
+            raise click.UsageError("--batch reads its prompts from the file: no PROMPT, -p, -f, --dump-attention, "
+                                   "--draft-model or --prompt-lookup with it")
+        sys.exit(generate_batch_file(batch_file, model_path, chat or system is not None, system, quiet, flags))
+    draft = load_timed(draft_path) if draft_path is not None else None
+    options = Options.of(record_attention=dump is not None,
+                         draft_model=(draft.model, draft.tokenizer) if draft else None, **flags)
     text = read_prompt(prompt, prompt_opt, file)
     loaded = load_timed(model_path)
     run = Run(loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, text, chat, system), options)
@@ -112,7 +124,63 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
     if verbose:
         lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
                      f"decode {stats.decode_seconds:.3f} s")
+    if verbose and stats.drafted:
+        lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
+                     f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
     return "\n".join(lines)
+
+
+BATCH = 16   # sequences in one batch at most
+
+
+def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, flags: dict) -> int:
+    """`generate --batch FILE`: every prompt of the file, JSONL results on stdout in input order, each as
+    soon as it and those before it are done; a progress line on stderr in a terminal."""
+    import json
+    from ..errors import MinigenError, OptionError
+    from ..generation.batch import batch_runs, read_batch_file
+    given = {k: v for k, v in flags.items() if v is not None and v != ()}
+    Options.of(**given)   # the flags first: a bad one is a usage error naming it
+    prompts, per_prompt = read_batch_file(path)
+    for n, o in enumerate(per_prompt):
+        try:
+            Options.of(**{**given, **o})
+        except OptionError as e:
+            if e.option not in o:
+                raise
+            raise MinigenError(f"{path}: prompt {n + 1}: {e.option}: {e.message}") from None
+    loaded = load_timed(model_path)
+    tokens, start, written, results = [0], time.perf_counter(), [0], {}
+    progress = sys.stderr.isatty() and not quiet
+
+    def on_done(r):
+        results[r.index] = r
+        while written[0] in results:
+            r = results.pop(written[0])
+            click.echo(json.dumps({"index": r.index, "text": r.text, "tokens": r.tokens,
+                                   "finish_reason": r.finish_reason}, ensure_ascii=False))
+            written[0] += 1
+
+    def on_step(i, step):
+        tokens[0] += 1
+        if progress:
+            rate = tokens[0] / (time.perf_counter() - start)
+            click.echo(f"\rbatch: {written[0]}/{len(prompts)} written, {tokens[0]} tokens, {rate:.1f} tokens/s ",
+                       err=True, nl=False)
+
+    try:
+        runs = batch_runs(loaded.model, loaded.tokenizer, prompts, [{**given, **o} for o in per_prompt], chat=chat,
+                          system=system, on_step=on_step, on_done=on_done, max_batch=BATCH)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if progress:
+            click.echo(err=True)
+    if not quiet:
+        seconds = time.perf_counter() - start
+        click.echo(f"==========\nbatch: {len(runs)} prompts, {tokens[0]} tokens in {seconds:.2f} s, "
+                   f"{tokens[0] / seconds:.1f} tokens/s (prefill included); load: {loaded.seconds:.2f} s", err=True)
+    return 0
 
 
 def pop_dump_options(flags: dict) -> dict | None:
