@@ -8,6 +8,8 @@ A page's examples are its fenced blocks:
     ```
     ```python                       run in one namespace per page, in order, in the same directory
     ```
+    ```pycon                        the same, as doctest runs it: `>>> ` lines and what they print
+    ```
 
 An expected output line matches an actual one when its text is equal and its numbers agree: integers
 exactly, decimals to one unit of their last printed digit (threads may round the last digit either way).
@@ -24,6 +26,7 @@ example writes (an attention dump) is there for the next. New pages and blocks a
 """
 from __future__ import annotations
 
+import doctest
 import os
 import re
 import shlex
@@ -177,6 +180,13 @@ def run_python(block: Block, namespace: dict, cwd: Path) -> str | None:
     here = os.getcwd()
     os.chdir(cwd)
     try:
+        if block.lang == "pycon":
+            name = f"{block.page.name}:{block.line}"
+            test = doctest.DocTestParser().get_doctest("\n".join(block.lines), namespace, name, name, block.line)
+            report = []
+            doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE).run(
+                test, out=report.append, clear_globs=False)
+            return "".join(report) or None
         exec(compile("\n".join(block.lines), f"{block.page.name}:{block.line}", "exec"), namespace)
     except Exception as e:  # noqa: BLE001 -- any failure of the example is the finding
         return f"{type(e).__name__}: {e}"
@@ -185,7 +195,8 @@ def run_python(block: Block, namespace: dict, cwd: Path) -> str | None:
     return None
 
 
-RUNNABLE = [p for p in PAGES if any(b.lang in ("console", "python") and not b.not_run for b in blocks(p))]
+RUN = ("console", "python", "pycon")
+RUNNABLE = [p for p in PAGES if any(b.lang in RUN and not b.not_run for b in blocks(p))]
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -202,7 +213,7 @@ def test_examples_run_as_written(page, workdir, tmp_path, monkeypatch):
                 problem = run_command(cmd, cwd, env)
                 if problem:
                     failures.append(f"{page.name}:{cmd.line}: $ {cmd.text}\n{problem}")
-        elif block.lang == "python":
+        elif block.lang in ("python", "pycon"):
             problem = run_python(block, namespace, cwd)
             if problem:
                 failures.append(f"{page.name}:{block.line}: python block: {problem}")
@@ -227,6 +238,22 @@ def test_every_page_is_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in readme]
     assert not missing, f"docs pages the README does not link: {missing}"
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_pages_resolve():
+    broken = []
+    for page in PAGES:
+        for target, frag in re.findall(r"\]\(([\w./-]+\.md)(?:#([\w-]+))?\)", page.read_text(encoding="utf-8")):
+            path = (page.parent / target).resolve()
+            headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M) if path.is_file() else None
+            if headings is None or (frag and frag not in {anchor(h) for h in headings}):
+                broken.append(f"{page.name}: {target}#{frag}")
+    assert not broken, broken
 
 
 # --- the matcher itself ---------------------------------------------------------------------------
