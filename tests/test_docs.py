@@ -256,6 +256,20 @@ def test_links_between_pages_resolve():
     assert not broken, broken
 
 
+def test_the_code_map_matches_the_tree():
+    """The README names every package and every engine module, and every .py path in the pages exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    packages = sorted(p.name for p in (ROOT / "minigen").iterdir() if (p / "__init__.py").is_file())
+    missing = [f"minigen/{p}/" for p in packages if f"{p}/" not in readme]
+    missing += [f"engine/{f.name}" for f in sorted((ROOT / "minigen" / "engine").glob("*.py"))
+                if f.name != "__init__.py" and not re.search(rf"(?<![\w/]){re.escape(f.name)}", readme)]
+    assert not missing, f"the README's code map does not name: {missing}"
+    stale = sorted({f"{page.name}: {path}" for page in PAGES
+                    for path in re.findall(r"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.py)\b", page.read_text(encoding="utf-8"))
+                    if not any((base / path).is_file() for base in (ROOT, ROOT / "minigen"))})
+    assert not stale, f"paths that do not exist: {stale}"
+
+
 # --- the matcher itself ---------------------------------------------------------------------------
 
 def test_matching_rules():
