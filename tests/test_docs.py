@@ -160,7 +160,10 @@ def page_dir(tmp_path: Path, source: Path) -> tuple[Path, dict]:
         (tmp_path / name).symlink_to(ROOT / name)
     env = {**os.environ, "MINIGEN_WEIGHTS": str(tmp_path / "weights"), "HF_HUB_OFFLINE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+           "COLUMNS": "100",
+           # OpenBLAS's two threads thrash when other jobs hold the cores (docs/inspection.md, "Cost"); one
+           # thread changes no printed digit and keeps the inspection examples to seconds
+           "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
     return tmp_path, env
 
 
