@@ -15,7 +15,7 @@ import minigen
 from conftest import FIXTURES_DIR, greedy
 from minigen.checkpoint import resolve as checkpoint, default_model
 from minigen.errors import MinigenError
-from minigen.generation.steps import run
+from minigen.generation.steps import Run
 
 REF = json.loads((FIXTURES_DIR / "gguf" / "tokenizer_ref.json").read_text(encoding="utf-8"))
 GOLDEN = json.loads((FIXTURES_DIR / "gguf" / "golden.json").read_text(encoding="utf-8"))
@@ -103,7 +103,7 @@ def test_chat_answer_mentions_paris(smollm2):
     generated on llama.cpp's tokenization of the same conversation, and the answer names Paris."""
     model, tok = smollm2
     chat = next(c for c in GOLDEN["cases"] if c["name"] == "chat")
-    r = run(model, tok, "What is the capital of France?", chat=True, max_tokens=GOLDEN["max_new_tokens"])
+    r = Run.from_prompt(model, tok, "What is the capital of France?", chat=True, max_tokens=GOLDEN["max_new_tokens"])
     text = r.text()
     assert r.prompt == chat["prompt_ids"]
     assert r.tokens + [GOLDEN["eos_token_id"]] == chat["greedy_ids"] and r.stats.finish == "eos"
