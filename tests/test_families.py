@@ -18,7 +18,7 @@ from minigen.cli import main
 from minigen.errors import MinigenError
 from minigen.inspect import load_attention
 
-from conftest import FIXTURES, FIXTURES_DIR, load_reference
+from conftest import FIXTURES, FIXTURES_DIR, HYBRID_FIXTURES, load_reference
 
 ONE_PER_FAMILY = sorted({family: name for name, family in sorted(FIXTURES.items(), reverse=True)}.values())
 
@@ -29,13 +29,14 @@ def cli(*args, input=None):
 
 def test_every_family_has_fixtures_in_both_config_spellings():
     from minigen.checkpoint.families import FAMILIES
-    assert set(FIXTURES.values()) == set(FAMILIES)
+    assert set(FIXTURES.values()) | set(HYBRID_FIXTURES.values()) == set(FAMILIES)
     spellings = {}
-    for name, family in FIXTURES.items():
+    for name, family in {**FIXTURES, **HYBRID_FIXTURES}.items():
         raw = json.loads((FIXTURES_DIR / name / "config.json").read_text())
         new = "rope_parameters" in raw or ("dtype" in raw and "torch_dtype" not in raw)
         spellings.setdefault(family, set()).add("5.x" if new else "4.x")
-    new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3"}
+    new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3", "qwen3_5_text",
+                    "lfm2", "granitemoehybrid", "falcon_h1"}
     assert all(spellings[f] == {"5.x", "4.x"} for f in new_families), spellings
 
 

@@ -297,14 +297,20 @@ def _mamba(get, f, inner: int, norm: bool, norm_before_gate: bool, out_bias: boo
     if heads % groups:
         raise MinigenError(f"{get.where}: mamba_n_heads={heads} is not a multiple of mamba_n_groups={groups}")
     limit = get.raw.get("time_step_limit", (0.0, float("inf")))
-    if limit is not None and not (isinstance(limit, (list, tuple)) and len(limit) == 2
-                                  and all(isinstance(x, (int, float)) for x in limit)):
+    if isinstance(limit, (list, tuple)):  # transformers 5 writes infinity as {"__float__": "Infinity"}
+        limit = [float(x["__float__"]) if isinstance(x, dict) and x.get("__float__") in FLOAT_TAGS else x
+                 for x in limit]
+    if limit is not None and not (isinstance(limit, list) and len(limit) == 2
+                                  and all(isinstance(x, (int, float)) and not math.isnan(x) for x in limit)):
         raise_field(get, "time_step_limit", "null or two numbers")
     return Mamba(heads=heads, head_dim=head_dim, groups=groups, state_size=get.int("mamba_d_state", default=256),
                  conv_kernel=get.int("mamba_d_conv", default=4), chunk=get.int("mamba_chunk_size", default=256),
                  limit=None if limit is None else (float(limit[0]), float(limit[1])), eps=f["norm_eps"], norm=norm,
                  norm_before_gate=norm_before_gate, conv_bias=get.bool("mamba_conv_bias", default=True),
                  in_bias=get.bool("mamba_proj_bias", default=False), out_bias=out_bias)
+
+
+FLOAT_TAGS = ("Infinity", "-Infinity")
 
 
 def _granite_hybrid(get, f):

@@ -1,0 +1,148 @@
+"""Families whose layers are not all attention (Qwen3.5, LFM2, Granite 4.0(-H), Falcon-H1): their real
+config.json files read by hand, the prompt in pieces = in one piece, and rolling a recurrent cache back.
+Parity with transformers (logits, greedy, attention, cached = uncached) is test_parity.py's, on the same
+fixtures (scripts/make_hybrid_fixtures.py)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minigen
+from minigen.checkpoint.config import load_config, parse_config
+from minigen.engine.cache import StateCache, checkpoint, truncate
+from minigen.errors import MinigenError
+
+from conftest import FIXTURES_DIR, HYBRID_FIXTURES, load_reference
+
+REAL = Path(__file__).parent / "real_configs" / "hybrid"
+PIECES = (0, 5, 23, 70)   # as scripts/make_hybrid_fixtures.py feeds transformers
+
+
+def pieces(model, ids, bounds=PIECES) -> np.ndarray:
+    cache = model.make_cache(8)
+    bounds = list(bounds) + [len(ids)]
+    return np.concatenate([model.forward(ids[a:b], cache) for a, b in zip(bounds, bounds[1:])])
+
+
+# --- real config.json files, read by hand -----------------------------------------------------------
+
+def test_qwen3_5_as_published():
+    c = load_config(REAL / "Qwen3.5-0.8B.json")
+    assert (c.model_type, c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == ("qwen3_5", 24, 1024, 8, 2, 256)
+    assert c.layer_mixers == ("gated_delta", "gated_delta", "gated_delta", "attention") * 6
+    m = c.delta_net
+    assert (m.key_heads, m.value_heads, m.key_dim, m.value_dim, m.conv_kernel) == (16, 16, 128, 128, 4)
+    assert (c.intermediate_size, c.vocab_size, c.tie_word_embeddings, c.eos_token_ids) == (3584, 248320, True, (248044,))
+    assert {(r.theta, r.dim) for r in c.rope} == {(1e7, 64)}          # 25 % of 256 rotates
+    assert c.attn_gate and c.qk_norm == "head" and c.norm_eps == 1e-6
+
+
+def test_lfm2_350m():
+    c = load_config(REAL / "LFM2-350M.json")
+    assert (c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == (16, 1024, 16, 8, 64)
+    attn = [i for i, k in enumerate(c.layer_mixers) if k == "attention"]
+    assert attn == [2, 5, 8, 10, 12, 14] and set(c.layer_mixers) == {"attention", "short_conv"}
+    assert c.intermediate_size == 4608           # block_ff_dim 6656 -> int(2 * 6656 / 3) = 4437 -> 18 x 256
+    assert (c.short_conv.kernel, c.short_conv.bias, c.tie_word_embeddings) == (3, False, True)
+    assert {r.theta for r in c.rope} == {1e6} and c.norm_eps == 1e-5 and c.eos_token_ids == (7,)
+
+
+def test_falcon_h1_tiny():
+    c = load_config(REAL / "Falcon-H1-Tiny-90M-Instruct.json")
+    assert (c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == (24, 512, 8, 2, 64)
+    assert c.layer_mixers == ("attention+mamba2",) * 24
+    m = c.mamba
+    assert (m.heads, m.head_dim, m.groups, m.state_size, m.conv_kernel, m.inner) == (24, 32, 1, 64, 4, 768)
+    assert (m.norm, m.conv_bias, m.in_bias, m.out_bias) == (False, True, False, False)
+    assert (c.embed_multiplier, c.logits_multiplier) == (0.11083984375, 0.078125)
+    assert c.weight_scales == ()                 # every other multiplier is 1 in this checkpoint
+    assert {r.theta for r in c.rope} == {1e11} and c.eos_token_ids == (228, 11)
+
+
+def granite(**fields) -> dict:
+    raw = {"model_type": "granitemoehybrid", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 0, "mamba_n_heads": 8,
+           "mamba_d_head": 16, "mamba_d_state": 32, "layer_types": ["mamba", "attention", "mamba", "mamba"],
+           "shared_intermediate_size": 96, "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0,
+           "residual_multiplier": 0.22, "logits_scaling": 8.0, "position_embedding_type": "nope"}
+    return {**raw, **fields}
+
+
+def test_granite_hybrid_reads_both_layer_type_spellings():
+    old, new = parse_config(granite()), parse_config(granite(layer_types=["linear_attention", "full_attention",
+                                                                          "linear_attention", "linear_attention"]))
+    assert old.layer_mixers == new.layer_mixers == ("mamba2", "attention", "mamba2", "mamba2")
+    assert old.rope == (None,) * 4                # NoPE
+    assert (old.attn_scale, old.embed_multiplier, old.residual_multiplier, old.logits_multiplier) == \
+        (0.0078125, 12.0, 0.22, 0.125)
+    assert (old.intermediate_size, old.mamba.inner, old.mamba.groups) == (96, 128, 1)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(num_local_experts=8), "num_local_experts"),
+    (dict(layer_types=["mamba", "conv", "mamba", "mamba"]), "layer_types"),
+    (dict(mamba_d_head=24), "mamba_d_head"),
+    (dict(position_embedding_type="alibi"), "position_embedding_type"),
+])
+def test_granite_settings_minigen_does_not_run_are_refused(fields, message):
+    with pytest.raises(MinigenError, match=message):
+        parse_config(granite(**fields))
+
+
+def test_a_kernel_the_weights_contradict_is_refused_naming_the_tensor(tmp_path):
+    import json
+    import shutil
+    shutil.copytree(FIXTURES_DIR / "lfm2", tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["conv_L_cache"] = 4
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MinigenError, match=r"conv\.conv\.weight.*shape \[32, 1, 3\], expected \[32, 1, 4\]"):
+        minigen.load(tmp_path / "m")
+
+
+# --- the prompt in pieces, and rolling back --------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(HYBRID_FIXTURES))
+def test_prompt_in_pieces_equals_one_piece(name):
+    """minigen over the prompt in 4 pieces (pieces shorter than the conv kernel, and crossing the
+    chunks) against minigen in one piece. Gated DeltaNet's two algorithms (chunked for a prompt, a
+    step for one token) are the same recurrence in another order: on these tiny random models they
+    differ by up to ~1e-4, as transformers' own (reference logits_pieces) differ by up to 5e-5."""
+    model, _ = minigen.load(FIXTURES_DIR / name)
+    ref = load_reference(name)
+    whole = model.logits(ref["input_ids"])
+    tol = 2e-4 if model.config.delta_net else 1e-5
+    assert np.abs(pieces(model, ref["input_ids"]) - whole).max() <= tol
+    assert np.abs(ref["logits_pieces"] - ref["logits"]).max() <= 1e-4   # transformers' own, for the record
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_text", "lfm2", "granitemoehybrid", "falcon_h1"])
+def test_rolling_back_to_a_checkpoint_then_feeding_again(name):
+    """Back to a snapshot, the same tokens fed again give exactly what they gave the first time."""
+    model, _ = minigen.load(FIXTURES_DIR / name)
+    ids = load_reference(name)["input_ids"]
+    fresh = model.make_cache(8)
+    model.forward(ids[:30], fresh)
+    expected = model.forward(ids[30:], fresh)       # the first 30, then the rest, never rolled back
+    cache = model.make_cache(8)
+    model.forward(ids[:30], cache)
+    checkpoint(cache)
+    model.forward(ids[30:50], cache)
+    assert truncate(cache, 40) == 30               # no snapshot at 40: back to the one at 30
+    assert {layer.offset for layer in cache} == {30}
+    assert np.array_equal(model.forward(ids[30:], cache), expected)
+    assert truncate(cache, 20) == 0                # before every snapshot: start afresh
+    assert np.array_equal(model.forward(ids, cache), model.logits(ids))
+
+
+def test_state_cache_keeps_its_last_snapshots():
+    c = StateCache((2, 3), (1, 2, 2), keep=2)
+    for n in (1, 2, 3):
+        c.update(c.tail + n, c.state + n, 1)
+        c.checkpoint()
+    assert sorted(c.snapshots) == [2, 3]
+    assert c.keepable(2) == 2 and c.keepable(1) == 0
+    c.truncate(2)
+    assert c.offset == 2 and c.tail[0, 0] == 3 and sorted(c.snapshots) == [2]
+    with pytest.raises(ValueError, match="no snapshot"):
+        c.truncate(1)
