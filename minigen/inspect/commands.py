@@ -82,7 +82,7 @@ class Source:
 
 def from_prompt(model, tok, ids, attn_layers: str | None, attn_heads: str | None) -> Source:
     c = model.config
-    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    layers = D.parse_attention_layers(attn_layers, c)
     heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
     record = prompt_attention(model, ids)
     return Source({l: record[l][heads] for l in layers}, heads, tok.token_strings(ids), np.asarray(ids), None,
@@ -160,8 +160,11 @@ def census(src: Source, exclude_first: bool = False, probed: dict | None = None)
     if probed is not None:
         probe_part = {"length": probed["n"], "prefix": [token_json(src.tokenizer, i) for i in probed["prefix"]], "descriptions": stats.PROBE_SCORES,
                       "scores": {k: v[layers][:, src.heads] for k, v in probed["scores"].items()}}
+    cfg = src.model.config if src.model is not None else None
+    without = {} if cfg is None else {l: cfg.mixer(l) for l in range(cfg.n_layers) if not cfg.has_attention(l)}
     return {"command": "attention", "view": "census", "source": src.subtitle, "tokens": src.tokens,
             "token_ids": src.ids, "layers": layers, "heads": src.heads, "exclude_first": exclude_first,
+            "without_attention": without,   # hybrids: layer -> its token mixer (Gated DeltaNet, short conv, Mamba2)
             "value_weighted": "value-weighted" in src.view, "stats": stats.census(src.layers, src.ids, exclude_first),
             "probe": probe_part}
 
@@ -222,7 +225,7 @@ def probe(model, tok, length: int | None, seed: int, first: str | None, attn_lay
           attn_heads: str | None = None) -> dict:
     """The induction probe: prefix + r + r, every score of stats.PROBE_SCORES, for the kept layers and heads."""
     c = model.config
-    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    layers = D.parse_attention_layers(attn_layers, c)
     heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
     p = induction_probe(model, tok, length, seed, first)
     return {"command": "attention", "view": "probe", "length": p["n"], "seed": seed,

@@ -56,6 +56,25 @@ def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]
     return sorted(out)
 
 
+def attention_layers(cfg) -> list[int]:
+    """The layers that have attention (all, but in hybrids: Qwen3.5, LFM2, Granite 4.0-H)."""
+    return [i for i in range(cfg.n_layers) if cfg.has_attention(i)]
+
+
+def parse_attention_layers(text: str | None, cfg, flag: str = "--attn-layers") -> list[int]:
+    """parse_selection over the model's own layer indices, restricted to the layers with attention:
+    by default all of them; a layer without attention named explicitly is refused, saying what it is."""
+    have = attention_layers(cfg)
+    if text is None or text.strip() in ("", "all"):
+        return have
+    chosen = parse_selection(text, cfg.n_layers, "layer", flag)
+    other = [i for i in chosen if i not in have]
+    if other:
+        raise MinigenError(f"{flag}: layer {other[0]} has no attention (its token mixer is {cfg.mixer(other[0])}); "
+                           f"the layers with attention are {ranges(have)}")
+    return chosen
+
+
 def ranges(xs: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'-style text for messages."""
     out, start = [], None
@@ -103,7 +122,7 @@ class Recorder:
         self.mats = {l: np.zeros((len(heads), capacity, capacity), self.dtype) for l in layers}
 
     def add(self, record: list[np.ndarray]):
-        q, S = record[0].shape[-2:]
+        q, S = next(r for r in record if r is not None).shape[-2:]   # None: a layer without attention
         if S - q > self.rows or S < self.rows + 1:  # a forward may recompute earlier rows (longrope's switch)
             raise MinigenError(f"attention record does not line up: {q} new rows against {S} keys after {self.rows} rows")
         self._ensure(S)
@@ -141,6 +160,7 @@ def make_meta(model, token_strings: list[str], layers: list[int], heads: list[in
         "n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
         "head_to_kv_head": head_kv_map(c.n_heads, c.n_kv_heads),
         "layers": layers, "heads": heads,
+        "mixers": [c.mixer(i) for i in range(c.n_layers)],   # each layer's token mixer; only attention is dumped
         "dtype": np.dtype(dtype).name,
         "tokens": token_strings,
         "final_token": None if final_token is None else {"id": int(final_token[0]), "text": final_token[1]},
@@ -222,7 +242,7 @@ class GenerationDump:
             raise MinigenError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
                                "for the prompt's attention alone use: minigen attention PROMPT --dump-attention OUT.npz")
         self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
-        self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
+        self.layers = parse_attention_layers(layers, c)
         self.heads = parse_selection(heads, c.n_heads, "head", "--attn-heads")
         self.dtype = parse_dtype(dtype)
         rows = len(self.prompt) + max(max_tokens - 1, 0)    # the last token gets no row

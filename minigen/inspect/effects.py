@@ -49,7 +49,7 @@ def parse_heads(text: str, cfg, flag: str = "--heads") -> list[Component]:
         m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
         if not m:
             raise MinigenError(f"{flag} {text!r}: expected LAYER.HEAD items like 18.6,17.4 (or 18.* for a whole layer)")
-        layer = _index(int(m[1]), cfg.n_layers, "layer", flag)
+        layer = _attention_layer(_index(int(m[1]), cfg.n_layers, "layer", flag), cfg, flag)
         heads = range(cfg.n_heads) if m[2] == "*" else [_index(int(m[2]), cfg.n_heads, "head", flag)]
         out += [Component("head", layer, h) for h in heads if Component("head", layer, h) not in out]
     return out
@@ -62,10 +62,20 @@ def _index(i: int, n: int, what: str, flag: str) -> int:
     return j
 
 
+def _attention_layer(layer: int, cfg, flag: str) -> int:
+    """A layer that has heads; in hybrids a Gated DeltaNet, short conv or Mamba2 layer has none (its
+    whole output is the component "attn" of that layer)."""
+    if not cfg.has_attention(layer):
+        raise MinigenError(f"{flag}: layer {layer} has no attention heads (its token mixer is {cfg.mixer(layer)}); "
+                           f"ablate or patch its output as a whole instead")
+    return layer
+
+
 def every(kind: str, cfg) -> list[Component]:
-    """Every component of a kind, in layer (then head) order: what a sweep goes through."""
+    """Every component of a kind, in layer (then head) order: what a sweep goes through (heads only
+    where there is attention; a recurrent layer's output is its "attn" component)."""
     if kind == "heads":
-        return [Component("head", l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+        return [Component("head", l, h) for l in range(cfg.n_layers) if cfg.has_attention(l) for h in range(cfg.n_heads)]
     return [Component(kind, l) for l in range(cfg.n_layers)]
 
 
@@ -96,7 +106,8 @@ def ablated_logits(model, ids, heads, mode: str = "zero") -> np.ndarray:
 
 
 def _index_pair(cfg, layer: int, head: int) -> tuple[int, int]:
-    return _index(int(layer), cfg.n_layers, "layer", "heads"), _index(int(head), cfg.n_heads, "head", "heads")
+    layer = _attention_layer(_index(int(layer), cfg.n_layers, "layer", "heads"), cfg, "heads")
+    return layer, _index(int(head), cfg.n_heads, "head", "heads")
 
 
 def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> dict:
@@ -182,6 +193,7 @@ def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str =
                                                         answer, wrong)
     if what == "heads":
         grid = [[measure(l, xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)]
+                if cfg.has_attention(l) else [float("nan")] * cfg.n_heads   # a layer without heads (hybrids)
                 for l in range(cfg.n_layers)]
     else:
         grid = [[_patch_position(what, l, q, p, (xc, clean), (xr, corrupt), measure, ld_corrupt) for q in range(T)]
