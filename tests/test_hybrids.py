@@ -13,6 +13,7 @@ from minigen.engine.cache import StateCache, checkpoint, truncate
 from minigen.errors import MinigenError
 
 from conftest import FIXTURES_DIR, HYBRID_FIXTURES, load_reference
+from test_chat import forwards  # noqa: F401  (a fixture: every Model.forward call, logged)
 
 REAL = Path(__file__).parent / "real_configs" / "hybrid"
 PIECES = (0, 5, 23, 70)   # as scripts/make_hybrid_fixtures.py feeds transformers
@@ -146,3 +147,38 @@ def test_state_cache_keeps_its_last_snapshots():
     assert c.offset == 2 and c.tail[0, 0] == 3 and sorted(c.snapshots) == [2]
     with pytest.raises(ValueError, match="no snapshot"):
         c.truncate(1)
+
+
+# --- chat: every reply equals generation on the whole conversation, the recurrent state carried over --
+
+@pytest.mark.parametrize("name", ["lfm2", "qwen3_5_text"])
+def test_chat_replies_equal_generate_and_reuse_the_snapshot(name, forwards):
+    from test_chat import LINES, SYSTEM, chat, flags, prefills, reference
+    path, options = FIXTURES_DIR / name, dict(max_tokens=8, ignore_eos=True)
+    replies, renders, _ = reference(path, LINES, SYSTEM, **options)
+    forwards.clear()
+    r = chat(path, "--system", SYSTEM, *flags(options), input="\n".join(LINES) + "\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "".join(reply + "\n" for reply in replies)
+    for t, (fed, offset) in enumerate(prefills(forwards, renders)):
+        if t:  # the snapshot at the end of the previous turn: only the reply's end and the new message computed
+            assert offset >= len(renders[t - 1])
+
+
+def test_chat_with_a_template_that_rewrites_earlier_turns(tmp_path, forwards):
+    """Qwen3's template renders an earlier reply without the <think></think> block the generation prompt
+    had: the common prefix ends before the snapshot at the end of that turn, so the recurrent layers
+    restart from an earlier one (here: none, 0) and the reply still equals generation afresh."""
+    import shutil
+    from test_chat import LINES, SYSTEM, chat, flags, prefills, reference
+    path = tmp_path / "qwen3_5_template"
+    shutil.copytree(FIXTURES_DIR / "qwen3_5_text", path)
+    template = (FIXTURES_DIR / "chat_templates" / "Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    (path / "chat_template.jinja").write_text("{%- set enable_thinking = false %}\n" + template, encoding="utf-8")
+    options = dict(max_tokens=8, ignore_eos=True)
+    replies, renders, _ = reference(path, LINES[:2], SYSTEM, **options)
+    forwards.clear()
+    r = chat(path, "--system", SYSTEM, *flags(options), input="\n".join(LINES[:2]) + "\n")
+    assert r.exit_code == 0 and r.stdout == "".join(reply + "\n" for reply in replies)
+    (_, _), (_, offset) = prefills(forwards, renders)
+    assert offset == 0                                   # no snapshot inside the shared prefix

@@ -1,4 +1,5 @@
-"""The growing KV cache: one per layer, preallocated, written at an offset, grown geometrically.
+"""The per-layer cache: for attention, the growing KV cache, one per layer, preallocated, written at an offset, grown geometrically;
+for the recurrent layers of hybrids (Gated DeltaNet, short conv, Mamba2), a fixed-size state (StateCache).
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
 the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
@@ -11,6 +12,15 @@ Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each 
 contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
 decode step than against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys
 as (n_kv, S, head_dim) views, so callers never see the difference.
+
+Rolling back (a rejected speculative token, a chat turn whose template renders earlier turns
+differently) is `truncate(cache, n)` on the whole model's cache: every layer has `offset`,
+`truncate(n)` and `keepable(n)`. A KV layer keeps any n (the offset moves). A recurrent layer can
+only return to where its state was kept: `checkpoint(cache)` snapshots every recurrent layer at the
+current offset (the last few snapshots are kept), and `truncate(cache, n)` cuts every layer to the
+largest m <= n all of them can return to (n itself, a snapshot, or 0) and returns m; the caller feeds
+ids[m:n] again. A snapshot costs one copy of the states (Qwen3.5-0.8B: 19 MB, a few ms); a miss, the
+forward of the tokens between the snapshot and n.
 """
 from __future__ import annotations
 
@@ -62,20 +72,6 @@ class KVCache:
         keys_t[:, :, :self.offset] = self.keys_t[:, :, :self.offset]
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys_t, self.values = keys_t, values
-
-
-def make_cache(n_layers: int, n_kv: int, head_dim: int, capacity: int = 256) -> list[KVCache]:
-    return [KVCache(n_kv, head_dim, capacity) for _ in range(n_layers)]
-
-
-def truncate(cache: list, n: int) -> int:
-    """Cut every layer back to its first n positions, or, when a recurrent layer (StateCache) has no
-    snapshot there, to the latest position every layer can return to (0 at worst). Returns the
-    positions kept: the caller feeds the tokens after them again."""
-    n = min([n] + [layer.keepable(n) for layer in cache if hasattr(layer, "keepable")])
-    for layer in cache:
-        layer.truncate(n)
-    return n
 
 
 # --- recurrent layers: a fixed-size state instead of a growing K/V ------------------------------------
@@ -131,15 +127,13 @@ class StateCache:
         self.snapshots = {s: v for s, v in self.snapshots.items() if s <= n}
 
 
-class ParallelCache:
-    """Falcon-H1's layers run attention and Mamba2 side by side: a KVCache and a StateCache, one offset."""
+class ParallelCache(KVCache):
+    """Falcon-H1's layers run attention and Mamba2 side by side: a KVCache that also holds the Mamba2
+    part's StateCache (`ssm`), the two advanced together."""
 
-    def __init__(self, kv: KVCache, ssm: StateCache):
-        self.kv, self.ssm = kv, ssm
-
-    @property
-    def offset(self) -> int:
-        return self.kv.offset
+    def __init__(self, n_kv: int, head_dim: int, capacity: int, ssm: StateCache):
+        super().__init__(n_kv, head_dim, capacity)
+        self.ssm = ssm
 
     def checkpoint(self):
         self.ssm.checkpoint()
@@ -149,7 +143,48 @@ class ParallelCache:
 
     def truncate(self, n: int):
         self.ssm.truncate(n)
-        self.kv.truncate(n)
+        super().truncate(n)
+
+
+# --- one cache per layer, of the layer's kind -----------------------------------------------------
+
+def delta_net_cache(cfg, capacity: int = 0) -> StateCache:
+    m = cfg.delta_net
+    conv = 2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim
+    return StateCache((m.conv_kernel - 1, conv), (m.value_heads, m.key_dim, m.value_dim))
+
+
+def short_conv_cache(cfg, capacity: int = 0) -> StateCache:
+    return StateCache((cfg.short_conv.kernel - 1, cfg.hidden_size))
+
+
+def mamba_cache(cfg, capacity: int = 0) -> StateCache:
+    m = cfg.mamba
+    return StateCache((m.conv_kernel - 1, m.inner + 2 * m.groups * m.state_size), (m.heads, m.head_dim, m.state_size))
+
+
+CACHES = {   # per token mixer: the layer's cache
+    "attention": lambda cfg, capacity: KVCache(cfg.n_kv_heads, cfg.head_dim, capacity),
+    "gated_delta": delta_net_cache,
+    "short_conv": short_conv_cache,
+    "mamba2": mamba_cache,
+    "attention+mamba2": lambda cfg, capacity: ParallelCache(cfg.n_kv_heads, cfg.head_dim, capacity, mamba_cache(cfg)),
+}
+
+
+def make_cache(cfg, capacity: int = 256) -> list:
+    """One cache per layer of the model `cfg` (a Config), of the kind its token mixer needs."""
+    return [CACHES[cfg.mixer(i)](cfg, capacity) for i in range(cfg.n_layers)]
+
+
+def truncate(cache: list, n: int) -> int:
+    """Cut every layer back to its first n positions, or, when a recurrent layer (StateCache) has no
+    snapshot there, to the latest position every layer can return to (0 at worst). Returns the
+    positions kept: the caller feeds the tokens after them again."""
+    n = min([n] + [layer.keepable(n) for layer in cache if hasattr(layer, "keepable")])
+    for layer in cache:
+        layer.truncate(n)
+    return n
 
 
 def checkpoint(cache: list):
@@ -157,3 +192,23 @@ def checkpoint(cache: list):
     for layer in cache:
         if hasattr(layer, "checkpoint"):
             layer.checkpoint()
+
+
+# --- what a cache may keep: longrope's rules ---------------------------------------------------------
+
+def must_recompute(cfg, offset: int, n_new: int) -> bool:
+    """Whether the cache has to be rebuilt before feeding n_new tokens at `offset`: longrope switches
+    to its long factors once the sequence passes original_max_position_embeddings, and transformers
+    then recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation)."""
+    return any(r is not None and r.kind == "longrope" and 0 < offset <= r.original_max < offset + n_new
+               for r in set(cfg.rope))
+
+
+def reusable_prefix(cfg, cached: int, common: int, total: int) -> int:
+    """How many positions of a cache holding `cached` a sequence of `total` ids may keep when its first
+    `common` ids are the cached ones: all `common`, unless longrope's switch lies between. Keys cached
+    past the switch were computed with the long factors (must_recompute sees to it), below it with the
+    short ones; a sequence reaching past it wants the long ones at every position, one below it the
+    short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
+    return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
+                    and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common

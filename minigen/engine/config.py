@@ -5,7 +5,7 @@ windows). `minigen.checkpoint.config` builds it from a config.json; nothing here
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_LAYERS = 100_000  # a 16 MiB safetensors header (weights.MAX_HEADER) cannot name more layers
 
@@ -106,11 +106,8 @@ class Config:
     residual_multiplier: float = 1.0  # Granite: each block's output x it before the residual add
     logits_multiplier: float = 1.0    # Granite: 1 / logits_scaling; Falcon-H1: lm_head_multiplier
     weight_scales: tuple = ()         # (tensor, first row, end row, factor, bias too) applied at load: Falcon-H1's µP
-    bos_token_id: int | None = None
     eos_token_ids: tuple = ()
     architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
-    dtype: str = "float32"            # what config.json says the checkpoint was saved in
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def group(self) -> int:

@@ -17,9 +17,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..engine.cache import truncate
+from ..engine.cache import checkpoint, truncate
 from ..errors import MinigenError, OptionError, is_int, short
-from ..engine.model import must_recompute
+from ..engine.cache import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
 
@@ -65,6 +65,8 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
             truncate(cache, 0)  # in place: a caller's cache stays the one in use
             ids = tokens
         logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
+        if n == 1:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
+            checkpoint(cache)
         if not np.isfinite(logits).all():  # NaN weights or eps would otherwise sample <unk> forever
             raise MinigenError(f"step {n}: the model's logits are not finite (NaN or infinity); the "
                                f"checkpoint's weights or config.json are likely corrupt")
