@@ -182,3 +182,34 @@ def test_chat_with_a_template_that_rewrites_earlier_turns(tmp_path, forwards):
     assert r.exit_code == 0 and r.stdout == "".join(reply + "\n" for reply in replies)
     (_, _), (_, offset) = prefills(forwards, renders)
     assert offset == 0                                   # no snapshot inside the shared prefix
+
+
+# --- inspection --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, layer, steps", [("qwen3_5_text", 1, "the delta rule"), ("lfm2", 0, "depthwise conv"),
+                                                ("granitemoehybrid", 2, "exp(Δ A) S + Δ x Bᵀ")])
+def test_trace_on_a_recurrent_layer_shows_one_step_checked_against_the_model(name, layer, steps):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    r = CliRunner().invoke(main, ["trace", "Once upon a time there was a robot", "--model", str(FIXTURES_DIR / name),
+                                  "--layer", str(layer), "--head", "1", "--token", "-1"])
+    assert r.exit_code == 0, r.output
+    assert steps in r.stdout and "state before this token" in r.stdout and "equal within" in r.stdout
+
+
+def test_attention_commands_cover_the_layers_with_attention(tmp_path):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    from minigen.inspect import load_attention
+    path = FIXTURES_DIR / "qwen3_5_text"
+    r = CliRunner().invoke(main, ["attention", "Once upon a time there was a robot", "--model", str(path)])
+    assert r.exit_code == 0 and "layers without attention: 0-2 (gated_delta)" in r.stdout
+    assert "    3    0 " in r.stdout
+    r = CliRunner().invoke(main, ["attention", "Once upon a time", "--model", str(path), "--attn-layers", "1"])
+    assert r.exit_code != 0 and "layer 1 has no attention (its token mixer is gated_delta)" in r.output
+    dump = tmp_path / "d.npz"
+    r = CliRunner().invoke(main, ["generate", "Once upon a time", "--model", str(path), "-n", "4", "--temp", "0",
+                                  "-q", "--dump-attention", str(dump), "--attn-verify"])
+    assert r.exit_code == 0, r.output
+    d = load_attention(dump)
+    assert sorted(d["layers"]) == [3] and d["meta"]["mixers"] == ["gated_delta"] * 3 + ["attention"]

@@ -20,6 +20,7 @@ from ..files import OutputFile
 from . import dump as D
 from . import effects, lens, stats
 from .html import render_html
+from .recurrent import trace_recurrent
 from .internals import (check_layer_head, induction_probe, prompt_attention, resolve_token, trace_lines,
                         value_norms, vocab_token)
 
@@ -336,6 +337,10 @@ def dla(model, tok, ids, token: str | None, target: str | None, vs: str | None) 
 
 
 def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) -> dict:
+    cfg = model.config
+    if 0 <= layer < cfg.n_layers and not cfg.has_attention(layer):   # a recurrent layer: one token's step
+        i = resolve_token(tok.token_strings(ids), token)
+        return {**trace_recurrent(model, tok, ids, layer, head, i), "query": position_json(tok.token_strings(ids), i)}
     check_layer_head(model.config, layer, head)
     i = resolve_token(tok.token_strings(ids), token)
     lines, ok, steps = trace_lines(model, tok, ids, layer, head, i, limit=keys)

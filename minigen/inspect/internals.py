@@ -106,6 +106,10 @@ def check_layer_head(cfg, layer: int, head: int):
         raise MinigenError(f"--layer {layer} out of range (the model has {cfg.n_layers} layers: 0-{cfg.n_layers - 1})")
     if not 0 <= head < cfg.n_heads:
         raise MinigenError(f"--head {head} out of range (the model has {cfg.n_heads} heads: 0-{cfg.n_heads - 1})")
+    if not cfg.has_attention(layer):
+        have = ",".join(str(i) for i in range(cfg.n_layers) if cfg.has_attention(i))
+        raise MinigenError(f"--layer {layer} has no attention heads (its token mixer is {cfg.mixer(layer)}); "
+                           f"trace walks through an attention head: layers {have}")
 
 
 # --- value-weighted attention ------------------------------------------------------------------------
