@@ -2,6 +2,7 @@
 
     /root/ref/bin/python scripts/make_hybrid_fixtures.py            # all
     /root/ref/bin/python scripts/make_hybrid_fixtures.py lfm2 qwen3_5_text
+    /root/ref/bin/python scripts/make_hybrid_fixtures.py --inspect    # reference_inspect.npz (lens, ablation)
 
 Tiny random checkpoints of the families whose layers are not all attention (Qwen3.5's Gated DeltaNet,
 LFM2's short convolutions, Granite 4.0-H's and Falcon-H1's Mamba2), made as scripts/make_fixtures.py
@@ -262,7 +263,46 @@ def make(name: str) -> None:
           f"transformers pieces vs one shot {pieces:.2e}, {size / 1e3:.0f} KB")
 
 
+# --- lens and ablation, from transformers' hidden states and forward hooks ------------------------------
+
+INSPECT = {"qwen3_5_text": ("linear_attn", 0), "lfm2": ("conv", 0), "granitemoehybrid": ("mamba", 0),
+           "falcon_h1": ("mamba+self_attn", 1)}   # fixture -> (the token mixer modules of a layer, that layer)
+
+
+@torch.no_grad()
+def inspect_reference(name: str) -> None:
+    """reference_inspect.npz beside reference.npz: `lens` (L + 1, T, V), the logit lens as transformers'
+    output_hidden_states give it (row l < L: hidden state l through the final norm, lm_head and the
+    family's logit multiplier; row L: the logits), and `ablated` (T, V), the logits with one layer's
+    token mixer's output zeroed by forward hooks (`ablated_layer`; Falcon-H1: both its Mamba2 and its
+    attention, whose sum is the layer's mixer output)."""
+    path = OUT / name
+    model = load(path, json.loads((path / "config.json").read_text())["model_type"])
+    ids = torch.tensor([np.load(path / "reference.npz")["input_ids"].tolist()])
+    out = model(ids, output_hidden_states=True)
+    inner = model.model
+    final_norm = getattr(inner, "norm", None) or getattr(inner, "embedding_norm", None) or inner.final_layernorm
+    scale = 1.0 / model.config.logits_scaling if hasattr(model.config, "logits_scaling") else \
+        getattr(model.config, "lm_head_multiplier", 1.0)
+    rows = [model.lm_head(final_norm(h)) * scale for h in out.hidden_states[:-1]] + [out.logits]
+    module, layer = INSPECT[name]
+    zero = lambda m, i, o: (torch.zeros_like(o[0]),) + tuple(o[1:]) if isinstance(o, tuple) else torch.zeros_like(o)
+    handles = [getattr(inner.layers[layer], m).register_forward_hook(zero) for m in module.split("+")]
+    ablated = model(ids).logits
+    for h in handles:
+        h.remove()
+    np.savez_compressed(path / "reference_inspect.npz", lens=torch.cat(rows).float().numpy(),
+                        ablated=ablated[0].float().numpy(), ablated_layer=np.int64(layer),
+                        transformers_version=np.array(transformers.__version__))
+    print(f"{name}: lens {len(rows)} rows, layer {layer}'s {module} ablated: logits move by "
+          f"{(ablated - out.logits).abs().max().item():.3f}")
+
+
 def main(names: list[str]) -> None:
+    if names[:1] == ["--inspect"]:
+        for name in names[1:] or INSPECT:
+            inspect_reference(name)
+        return
     for name in names or FIXTURES:
         make(name)
 

@@ -213,3 +213,21 @@ def test_attention_commands_cover_the_layers_with_attention(tmp_path):
     assert r.exit_code == 0, r.output
     d = load_attention(dump)
     assert sorted(d["layers"]) == [3] and d["meta"]["mixers"] == ["gated_delta"] * 3 + ["attention"]
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_text", "lfm2", "granitemoehybrid", "falcon_h1"])
+def test_lens_and_ablation_equal_transformers_hooks(name):
+    """The logit lens against transformers' output_hidden_states, and zeroing one layer's token mixer
+    (a Gated DeltaNet, short conv or Mamba2 layer ablated like a head) against forward hooks that zero
+    the same modules' outputs (scripts/make_hybrid_fixtures.py --inspect)."""
+    from minigen.inspect import logit_lens
+    from minigen.inspect.effects import Component, changes_for
+    from minigen.inspect.hooks import Intervention, logits_of, run
+    model, _ = minigen.load(FIXTURES_DIR / name)
+    ids = load_reference(name)["input_ids"]
+    with np.load(FIXTURES_DIR / name / "reference_inspect.npz") as z:
+        ref = {k: z[k] for k in z.files}
+    assert np.abs(logit_lens(model, ids) - ref["lens"]).max() <= 1e-4
+    layer = int(ref["ablated_layer"])
+    x = run(model, ids, Intervention(changes_for([Component("attn", layer)], "zero")))
+    assert np.abs(logits_of(model, x) - ref["ablated"]).max() <= 1e-4
