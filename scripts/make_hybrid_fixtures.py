@@ -265,7 +265,7 @@ def make(name: str) -> None:
 
 # --- lens and ablation, from transformers' hidden states and forward hooks ------------------------------
 
-INSPECT = {"qwen3_5_text": ("linear_attn", 0), "lfm2": ("conv", 0), "granitemoehybrid": ("mamba", 0),
+INSPECT = {"qwen3_5_text": ("linear_attn", 0), "qwen3_5": ("linear_attn", 1), "lfm2": ("conv", 0), "granitemoehybrid": ("mamba", 0),
            "falcon_h1": ("mamba+self_attn", 1)}   # fixture -> (the token mixer modules of a layer, that layer)
 
 
@@ -280,7 +280,7 @@ def inspect_reference(name: str) -> None:
     model = load(path, json.loads((path / "config.json").read_text())["model_type"])
     ids = torch.tensor([np.load(path / "reference.npz")["input_ids"].tolist()])
     out = model(ids, output_hidden_states=True)
-    inner = model.model
+    inner = getattr(model.model, "language_model", model.model)
     final_norm = getattr(inner, "norm", None) or getattr(inner, "embedding_norm", None) or inner.final_layernorm
     scale = 1.0 / model.config.logits_scaling if hasattr(model.config, "logits_scaling") else \
         getattr(model.config, "lm_head_multiplier", 1.0)

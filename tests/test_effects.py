@@ -15,7 +15,7 @@ from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
 from minigen.inspect.stats import value_weighted
 
-from conftest import FIXTURES, FIXTURES_DIR
+from conftest import FIXTURES, FIXTURES_DIR, HYBRID_FIXTURES
 from inspect_fixture import FAMILY_EXTRAS, make_induction_gpt2, random_model
 
 # One fixture per family with transformers' references (scripts/make_inspect_fixtures.py); a new family's
@@ -33,8 +33,10 @@ def reference(name):
 
 
 def test_every_family_has_a_reference():
+    """The hybrids' (lens and a token mixer ablated, reference_inspect.npz) are checked in test_hybrids.py."""
     from minigen.checkpoint.families import FAMILIES
-    assert {FIXTURES[name] for name in REFERENCES} == set(FAMILIES)
+    hybrids = {HYBRID_FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/reference_inspect.npz")}
+    assert {FIXTURES[name] for name in REFERENCES} | hybrids == set(FAMILIES)
 
 
 # --- against transformers ---------------------------------------------------------------------------------

@@ -215,7 +215,7 @@ def test_attention_commands_cover_the_layers_with_attention(tmp_path):
     assert sorted(d["layers"]) == [3] and d["meta"]["mixers"] == ["gated_delta"] * 3 + ["attention"]
 
 
-@pytest.mark.parametrize("name", ["qwen3_5_text", "lfm2", "granitemoehybrid", "falcon_h1"])
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in FIXTURES_DIR.glob("*/reference_inspect.npz")))
 def test_lens_and_ablation_equal_transformers_hooks(name):
     """The logit lens against transformers' output_hidden_states, and zeroing one layer's token mixer
     (a Gated DeltaNet, short conv or Mamba2 layer ablated like a head) against forward hooks that zero
