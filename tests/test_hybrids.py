@@ -84,6 +84,8 @@ def test_granite_hybrid_reads_both_layer_type_spellings():
     (dict(layer_types=["mamba", "conv", "mamba", "mamba"]), "layer_types"),
     (dict(mamba_d_head=24), "mamba_d_head"),
     (dict(position_embedding_type="alibi"), "position_embedding_type"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(time_step_limit=[0.0]), "time_step_limit"),
 ])
 def test_granite_settings_minigen_does_not_run_are_refused(fields, message):
     with pytest.raises(MinigenError, match=message):

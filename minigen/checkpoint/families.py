@@ -229,6 +229,12 @@ FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_
                            **_MAMBA)
 
 
+def _silu_conv(get: Fields, f: dict):
+    """Gated DeltaNet and Mamba2 run their conv's output through hidden_act; minigen's mixers use SiLU."""
+    if f["act"] not in ("silu", "swish"):
+        raise_field(get, "hidden_act", '"silu" (it is also the activation after the Gated DeltaNet / Mamba2 conv)')
+
+
 def _mixers(get: Fields, f: dict, kinds: dict, name: str, types: list) -> dict:
     """layer_mixers from a per-layer list of config.json layer types, each a key of `kinds`."""
     n = f["n_layers"]
@@ -250,6 +256,7 @@ def _qwen3_5(get, f):
     types = get.list("layer_types", default=None) or \
         ["linear_attention" if (i + 1) % every else "full_attention" for i in range(f["n_layers"])]
     out = _mixers(get, f, {"linear_attention": "gated_delta", "full_attention": "attention"}, "layer_types", types)
+    _silu_conv(get, f)
     out["layer_types"] = ("full_attention",) * f["n_layers"]
     out["delta_net"] = DeltaNet(
         key_heads=get.int("linear_num_key_heads", default=16), value_heads=get.int("linear_num_value_heads", default=32),
@@ -323,6 +330,7 @@ def _granite_hybrid(get, f):
     out = _mixers(get, f, kinds, "layer_types", types)
     out["layer_types"] = ("full_attention",) * f["n_layers"]
     if "mamba2" in out["layer_mixers"]:
+        _silu_conv(get, f)
         out["mamba"] = _mamba(get, f, get.int("mamba_expand", default=2) * f["hidden_size"], norm=True,
                               norm_before_gate=False, out_bias=get.bool("mamba_proj_bias", default=False))
     kind = get.raw.get("position_embedding_type")
@@ -342,6 +350,7 @@ def _falcon_h1(get, f):
     """Falcon-H1: attention and Mamba2 side by side in every layer, and µP multipliers on nearly every
     projection, folded into the weights at load (weight_scales) but for the embedding and logits ones."""
     n, D = f["n_layers"], f["hidden_size"]
+    _silu_conv(get, f)
     inner = get.int("mamba_d_ssm", default=None) or get.int("mamba_expand", default=2) * D
     m = _mamba(get, f, inner, norm=get.bool("mamba_rms_norm", default=False),
                norm_before_gate=get.bool("mamba_norm_before_gate", default=True),
