@@ -25,8 +25,11 @@ dt_bias)); the heads' outputs go through a gated RMSNorm, rms_norm(o) · w · si
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from . import parallel
 from .layers import silu
 from .short_conv import causal_conv
 
@@ -61,7 +64,14 @@ def recurrent_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, b
 def chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
             state: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """The same recurrence over T tokens: q, k (H, T, dk) normed and q scaled, v (H, T, dv), g and beta
-    (H, T), state (H, dk, dv). Returns o (H, T, dv) and the state after the last token."""
+    (H, T), state (H, dk, dv). Returns o (H, T, dv) and the state after the last token. The heads are
+    independent: they go in groups to parallel threads (parallel.by_heads)."""
+    return parallel.by_heads(partial(chunked_heads, chunk=chunk), q, k, v, g, beta, state)
+
+
+def chunked_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                  state: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """`chunked` for some of the heads, on one thread."""
     H, T, dk = k.shape
     pad = (-T) % chunk     # padded positions have k = v = 0 and g = 0: they change nothing
     q, k, v = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))

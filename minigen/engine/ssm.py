@@ -24,8 +24,11 @@ Falcon-H1 with mamba_rms_norm), or y · silu(z) alone (Falcon-H1's default) — 
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from . import parallel
 from .gated_delta import softplus
 from .layers import silu
 from .short_conv import causal_conv
@@ -59,6 +62,15 @@ def chunked(x: np.ndarray, delta: np.ndarray, A: np.ndarray, B: np.ndarray, C: n
     Ch = np.repeat(C, H // G, axis=1).transpose(1, 0, 2)                     # (H, T, N)
     xdt = (x * delta[..., None]).transpose(1, 0, 2)                          # (H, T, P): Δ x
     a = (delta * A).T.astype(np.float64)                                     # (H, T): log decay per token
+    y, state = parallel.by_heads(partial(scan_heads, chunk=chunk), xdt, a, Bh, Ch, state)   # heads are independent
+    return y.transpose(1, 0, 2) + D[:, None] * x, state
+
+
+def scan_heads(xdt: np.ndarray, a: np.ndarray, Bh: np.ndarray, Ch: np.ndarray, state: np.ndarray,
+               chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chunked scan for some heads on one thread: xdt (H, T, P), a (H, T) float64, Bh and Ch
+    (H, T, N), state (H, P, N) -> y (H, T, P) without the skip D x, and the state after the last token."""
+    H, T, P = xdt.shape
     y = np.empty((H, T, P), np.float32)
     state = state.astype(np.float32, copy=True)
     for s in range(0, T, chunk):   # T / L steps; each a few (L, L) and (L, N) matrix products per head
@@ -73,7 +85,7 @@ def chunked(x: np.ndarray, delta: np.ndarray, A: np.ndarray, B: np.ndarray, C: n
         to_end = np.exp(cum[:, -1:] - cum).astype(np.float32)                # (H, L)
         state = state * np.exp(cum[:, -1]).astype(np.float32)[:, None, None] + \
             (xdt[:, s:e] * to_end[..., None]).swapaxes(1, 2) @ Bh[:, s:e]    # (H, P, N)
-    return y.transpose(1, 0, 2) + D[:, None] * x, state
+    return y, state
 
 
 def gated_norm(y: np.ndarray, z: np.ndarray, w: np.ndarray | None, groups: int, eps: float,
