@@ -233,3 +233,19 @@ def test_lens_and_ablation_equal_transformers_hooks(name):
     layer = int(ref["ablated_layer"])
     x = run(model, ids, Intervention(changes_for([Component("attn", layer)], "zero")))
     assert np.abs(logits_of(model, x) - ref["ablated"]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_text", "lfm2", "granitemoehybrid", "falcon_h1"])
+def test_speculative_decoding_keeps_the_greedy_tokens(name):
+    """Rejected drafts cannot be dropped from a recurrent state: the step snapshots it before verifying,
+    returns there and refeeds what was kept. The tokens stay those of plain greedy decoding."""
+    from test_speculative import PLANS, Scripted, plain, spec
+    from minigen.generation import speculative as S
+    model, _ = minigen.load(FIXTURES_DIR / name)
+    ids = load_reference(name)["input_ids"].tolist()
+    truth, _ = plain(model, ids, max_tokens=16)
+    for plan in PLANS[::3]:
+        tokens, finish, offset, _ = spec(model, ids, Scripted(truth, len(ids), plan, model.config.vocab_size),
+                                         max_tokens=16)
+        assert tokens == truth and finish == "length", (name, plan)
+    assert spec(model, ids, S.PromptLookup(8), max_tokens=16)[0] == truth

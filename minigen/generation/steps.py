@@ -118,6 +118,8 @@ def speculative_step(model, prompt_ids: Sequence[int], sampler: Sampler | None =
         draft, q = drafter.draft(tokens, room, sampler, processors, rng) if room > 0 else ([], None)
         while draft and must_recompute(model.config, offset, len(pending) + len(draft)):
             draft, q = draft[:-1], q and q[:-1]   # never across longrope's switch: its keys would differ
+        if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
+            checkpoint(cache)
         logits = forward_rows(model, pending + draft, cache, len(draft) + 1)         # (k + 1, V)
         if not np.isfinite(logits).all():
             raise MinigenError(f"step {n + 1}: the model's logits are not finite (NaN or infinity); the "
@@ -143,7 +145,7 @@ def speculative_step(model, prompt_ids: Sequence[int], sampler: Sampler | None =
                 raise
             if finish:
                 return
-        pending = [out[-1]]
+        pending = tokens[cache[0].offset:]   # [out[-1]]; after a recurrent layer's rollback, the kept tokens too
 
 
 
