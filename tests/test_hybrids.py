@@ -249,3 +249,14 @@ def test_speculative_decoding_keeps_the_greedy_tokens(name):
                                          max_tokens=16)
         assert tokens == truth and finish == "length", (name, plan)
     assert spec(model, ids, S.PromptLookup(8), max_tokens=16)[0] == truth
+
+
+def test_info_names_each_layers_mixer_and_what_is_not_loaded():
+    from click.testing import CliRunner
+    from minigen.cli import main
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "qwen3_5")])
+    assert r.exit_code == 0, r.output
+    assert "token mixers:      gated_delta in layers 0-2; attention in layers 3" in r.stdout
+    assert "not loaded:        model.visual.*, mtp.* (vision tower" in r.stdout
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "lfm2")])
+    assert "short_conv in layers 0,2; attention in layers 1,3" in r.stdout and "not loaded" not in r.stdout

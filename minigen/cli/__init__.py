@@ -355,9 +355,23 @@ def info(model_path):
                       f"EOS {tok.special_token('eos_token')}"),
         ("chat template", "yes" if tok.chat_template else "no"),
     ]
+    rows[5:5] = layer_mixer_rows(c)
     for name, value in rows:
         click.echo(f"{name + ':':<19}{value}")
 
+
+
+def layer_mixer_rows(c) -> list[tuple[str, str]]:
+    """info's rows for a hybrid: which layers run which token mixer, and what of the checkpoint is not loaded."""
+    from ..checkpoint.families import FAMILIES
+    from ..inspect.dump import ranges
+    kinds = [c.mixer(i) for i in range(c.n_layers)]
+    rows = [] if set(kinds) == {"attention"} else \
+        [("token mixers", "; ".join(f"{k} in layers {ranges([i for i, m in enumerate(kinds) if m == k])}"
+                                    for k in dict.fromkeys(kinds)))]
+    skipped = FAMILIES[c.model_type].skipped
+    return rows + ([("not loaded", ", ".join(f"{s}*" for s in skipped) + " (vision tower, multi-token prediction)")]
+                   if "model.visual." in skipped else [])
 
 
 # --- chat (issue 12) ------------------------------------------------------------------------
