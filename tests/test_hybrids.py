@@ -224,14 +224,14 @@ def test_lens_and_ablation_equal_transformers_hooks(name):
     the same modules' outputs (scripts/make_hybrid_fixtures.py --inspect)."""
     from minigen.inspect import logit_lens
     from minigen.inspect.effects import Component, changes_for
-    from minigen.inspect.hooks import Intervention, logits_of, run
+    from minigen.inspect.hooks import Intervention, final_residual, logits_of
     model, _ = minigen.load(FIXTURES_DIR / name)
     ids = load_reference(name)["input_ids"]
     with np.load(FIXTURES_DIR / name / "reference_inspect.npz") as z:
         ref = {k: z[k] for k in z.files}
     assert np.abs(logit_lens(model, ids) - ref["lens"]).max() <= 1e-4
     layer = int(ref["ablated_layer"])
-    x = run(model, ids, Intervention(changes_for([Component("attn", layer)], "zero")))
+    x = final_residual(model, ids, Intervention(changes_for([Component("attn", layer)], "zero")))
     assert np.abs(logits_of(model, x) - ref["ablated"]).max() <= 1e-4
 
 
