@@ -401,10 +401,150 @@ def section_batch(args, hf: bool):
           f"prefill included; {args.threads} threads")
 
 
+# --- hybrids (--hybrid): random weights in a real config, minigen against transformers' CPU path ------
+
+HYBRID_CONFIGS = {   # name -> the real config.json (tests/real_configs/hybrid/), its text model built
+    "Qwen3.5-0.8B": "Qwen3.5-0.8B.json",
+    "LFM2-350M": "LFM2-350M.json",
+}
+
+
+def hybrid_checkpoint(name: str, python: str, where: Path) -> Path:
+    """A checkpoint of the real config `name` with transformers' random init, saved float32 (made once
+    under weights/bench/, as transformers' from_config builds it; the vision tower of Qwen3.5 left out)."""
+    out = where / name
+    if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
+        return out
+    print(f"hybrid: writing a random {name} checkpoint to {out} (once)", file=sys.stderr, flush=True)
+    config = ROOT / "tests" / "real_configs" / "hybrid" / HYBRID_CONFIGS[name]
+    code = f"""
+import json, torch, transformers
+raw = json.load(open({str(config)!r}))
+text = raw.get("text_config", raw)
+if "text_config" in raw:
+    text = dict(text, tie_word_embeddings=raw.get("tie_word_embeddings", False))
+cfg = transformers.AutoConfig.for_model(**text)
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+model.save_pretrained({str(out)!r})
+"""
+    subprocess.run([python, "-c", code], check=True, capture_output=True)
+    return out
+
+
+def worker_hybrid_minigen(args) -> dict:
+    import minigen  # noqa: F401  (first: it sets OpenBLAS up)
+    from minigen.checkpoint.resolve import load_model
+
+    import numpy as np
+
+    model = load_model(Path(args.model))
+    return hybrid_rounds(args, lambda ids, cache: model.forward(np.array(ids), cache, last_only=True),
+                         lambda t, cache: model.forward(np.array([t]), cache), model.make_cache)
+
+
+def worker_hybrid_transformers(args) -> dict:
+    """transformers' default attention (sdpa) and its torch fallbacks for the recurrent kernels."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+
+    def prefill(ids, cache):
+        with torch.inference_mode():
+            out = model(torch.tensor([ids]), use_cache=True)
+        cache["c"] = getattr(out, "cache", None) or out.past_key_values
+        return out.logits[0, -1:].numpy()
+
+    def step(t, cache):
+        with torch.inference_mode():
+            out = model(torch.tensor([[t]]), cache=cache["c"], use_cache=True)
+        cache["c"] = getattr(out, "cache", None) or out.past_key_values
+        return out.logits[0, -1:].numpy()
+
+    out = hybrid_rounds(args, prefill, step, lambda n: {})
+    out["versions"] = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    return out
+
+
+def hybrid_rounds(args, prefill, step, new_cache) -> dict:
+    """Prefill at each length, then --gen-tokens greedy decode steps after it: tokens/s of each."""
+    prompts = json.loads(Path(args.prompts).read_text())
+    prefill(prompts["warmup"], new_cache(len(prompts["warmup"]) + 8))
+    out = {}
+    for n in args.lengths:
+        ids = prompts[str(n)]
+        cache = new_cache(n + args.gen_tokens + 1)
+        start = time.perf_counter()
+        logits = prefill(ids, cache)
+        prefill_s = time.perf_counter() - start
+        token, tokens, times = int(logits[-1].argmax()), [], []
+        for _ in range(args.gen_tokens):
+            start = time.perf_counter()
+            logits = step(token, cache)
+            times.append(time.perf_counter() - start)
+            token = int(logits[-1].argmax())
+            tokens.append(token)
+        out[n] = dict(prefill=n / prefill_s, decode=len(times) / sum(times), tokens=tokens)
+    return dict(lengths=out)
+
+
+def run_hybrid(args):
+    """--hybrid: each model of --hybrid-models, minigen and transformers taking turns for --rounds."""
+    import numpy as np
+    where = ROOT / "weights" / "bench"
+    where.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.hybrid_models.split(","):
+        args.model = hybrid_checkpoint(name, args.hf_python, where)
+        vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+        rng = np.random.default_rng(0)
+        with tempfile.TemporaryDirectory() as tmp:
+            args.prompts = Path(tmp) / "prompts.json"
+            args.prompts.write_text(json.dumps({str(n): rng.integers(0, vocab, n).tolist() for n in args.lengths} |
+                                               {"warmup": rng.integers(0, vocab, WARMUP).tolist()}))
+            runs = {"minigen": [], "transformers": []}
+            for r in range(args.rounds):
+                for engine in runs:
+                    print(f"{name}: round {r + 1}/{args.rounds}: {engine} ...", file=sys.stderr, flush=True)
+                    result = run_worker(f"hybrid-{engine}", sys.executable if engine == "minigen" else args.hf_python,
+                                        args)
+                    if result is not None:
+                        runs[engine].append(json.loads(json.dumps(result)))
+        rows.append((name, runs))
+    hybrid_report(rows, args)
+
+
+def hybrid_report(rows: list, args):
+    med = statistics.median
+    print("| model | prompt | minigen prefill | transformers prefill | ÷ | minigen decode | transformers decode | ÷ |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, runs in rows:
+        for n in map(str, args.lengths):
+            get = lambda e, k: med([r["lengths"][n][k] for r in runs[e]]) if runs[e] else None  # noqa: E731
+            mp, tp, md, td = get("minigen", "prefill"), get("transformers", "prefill"), \
+                get("minigen", "decode"), get("transformers", "decode")
+            ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}×"  # noqa: E731
+            fmt = lambda x, f: "–" if x is None else f.format(x)  # noqa: E731
+            print(f"| {name} | {n} | {fmt(mp, '{:.0f}')} | {fmt(tp, '{:.0f}')} | {ratio(mp, tp)} | "
+                  f"{fmt(md, '{:.1f}')} | {fmt(td, '{:.1f}')} | {ratio(md, td)} |")
+    print(f"\ntokens/s, medians of {args.rounds} rounds; random weights in each real config (float32); decode: "
+          f"{args.gen_tokens} greedy tokens after the prompt; {args.threads} threads; transformers with its default "
+          f"(sdpa) attention and torch fallbacks for the recurrent kernels; ÷: minigen / transformers")
+    for name, runs in rows:
+        if runs["minigen"] and runs["transformers"]:
+            for n in map(str, args.lengths):
+                a, b = runs["minigen"][-1]["lengths"][n]["tokens"], runs["transformers"][-1]["lengths"][n]["tokens"]
+                same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                print(f"{name}: greedy tokens after {n}: " + ("identical" if same is None else f"differ from token {same}"))
+
+
 WORKERS = {"forward-k": worker_forward_k, "lookup": worker_lookup, "lookup-hf": worker_lookup_hf,
            "batch": worker_batch, "batch-hf": worker_batch_hf,
            "minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
-           "chart": worker_chart}
+           "chart": worker_chart, "hybrid-minigen": worker_hybrid_minigen,
+           "hybrid-transformers": worker_hybrid_transformers}
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------
@@ -553,6 +693,9 @@ def main():
     ap.add_argument("--spec", action="store_true", help="Also: forward(k)/forward(1), and prompt lookup against plain decoding.")
     ap.add_argument("--batch", action="store_true", help="Also: batches of 1/4/8/16 prompts against one at a time.")
     ap.add_argument("--no-sweep", action="store_true", help="Skip the prompt-length sweep (run only the sections asked for).")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="Instead: hybrid families (random weights in real configs) against transformers.")
+    ap.add_argument("--hybrid-models", default=",".join(HYBRID_CONFIGS), help="With --hybrid: which configs.")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -561,6 +704,11 @@ def main():
         print(json.dumps(WORKERS[args.worker](args)))
         return
     sys.path.insert(0, str(ROOT))
+    if args.hybrid:
+        args.hf_python = find_hf_python(args.hf_python)
+        if not args.hf_python:
+            sys.exit("bench --hybrid: no interpreter with torch and transformers (--hf-python)")
+        return run_hybrid(args)
     if args.model is None:
         from minigen.checkpoint.default_model import default_model_path
         args.model = default_model_path()

@@ -33,6 +33,18 @@ FIXTURES = {
     "smollm3": "smollm3",
     "smollm3_v4": "smollm3",
 }
+# the families whose layers are not all attention (scripts/make_hybrid_fixtures.py)
+HYBRID_FIXTURES = {
+    "qwen3_5_text": "qwen3_5_text",
+    "qwen3_5_text_v4": "qwen3_5_text",
+    "qwen3_5": "qwen3_5",
+    "lfm2": "lfm2",
+    "lfm2_v4": "lfm2",
+    "granitemoehybrid": "granitemoehybrid",
+    "granitemoehybrid_attn": "granitemoehybrid",
+    "falcon_h1": "falcon_h1",
+    "falcon_h1_v4": "falcon_h1",
+}
 
 
 def load_reference(name: str) -> dict:

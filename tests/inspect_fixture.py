@@ -81,7 +81,7 @@ def random_model(model_type: str, seed: int = 0, n_layers: int = 3):
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "intermediate_size": 32,
            "max_position_embeddings": 64, **FAMILY_EXTRAS[model_type]}
     cfg = parse_config(raw)
-    glob, layer = expected_shapes(cfg)
+    glob, layers = expected_shapes(cfg)
     rng = np.random.default_rng(seed)
 
     def tensor(name, shape):
@@ -89,5 +89,5 @@ def random_model(model_type: str, seed: int = 0, n_layers: int = 3):
             return (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
         return (0.4 * rng.standard_normal(shape)).astype(np.float32)
     params = {k: tensor(k, s) for k, s in glob.items()}
-    params["layers"] = [{k: tensor(k, s) for k, s in layer.items()} for _ in range(cfg.n_layers)]
+    params["layers"] = [{k: tensor(k, s) for k, s in layer.items()} for layer in layers]
     return Model(cfg, params)

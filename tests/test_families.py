@@ -18,7 +18,7 @@ from minigen.cli import main
 from minigen.errors import MinigenError
 from minigen.inspect import load_attention
 
-from conftest import FIXTURES, FIXTURES_DIR, load_reference
+from conftest import FIXTURES, FIXTURES_DIR, HYBRID_FIXTURES, load_reference
 
 ONE_PER_FAMILY = sorted({family: name for name, family in sorted(FIXTURES.items(), reverse=True)}.values())
 
@@ -32,16 +32,18 @@ def test_every_family_has_its_fixtures():
     config spellings where transformers 5 writes the new one, listed in conftest.FIXTURES under the
     model_type their config.json says, and an inspect reference (inspect_reference.npz)."""
     from minigen.checkpoint.families import FAMILIES
-    assert set(FIXTURES.values()) == set(FAMILIES)
+    assert set(FIXTURES.values()) | set(HYBRID_FIXTURES.values()) == set(FAMILIES)
     spellings = {}
-    for name, family in FIXTURES.items():
+    for name, family in {**FIXTURES, **HYBRID_FIXTURES}.items():
         raw = json.loads((FIXTURES_DIR / name / "config.json").read_text())
         assert raw["model_type"] == family and (FIXTURES_DIR / name / "reference.npz").is_file(), name
         new = "rope_parameters" in raw or ("dtype" in raw and "torch_dtype" not in raw)
         spellings.setdefault(family, set()).add("5.x" if new else "4.x")
-    new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3"}
+    new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3", "qwen3_5_text",
+                    "lfm2", "granitemoehybrid", "falcon_h1"}
     assert all(spellings[f] == {"5.x", "4.x"} for f in new_families), spellings
-    inspected = {FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/inspect_reference.npz")}
+    inspected = {FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/inspect_reference.npz")} | \
+        {HYBRID_FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/reference_inspect.npz")}   # test_hybrids.py's
     assert inspected == set(FAMILIES), set(FAMILIES) - inspected
 
 

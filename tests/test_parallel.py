@@ -96,4 +96,4 @@ def test_threaded_forward_equals_one_thread(monkeypatch, name):
         (one, rec_one), (two, rec_two) = results
         # GEMMs over fewer rows round differently: the parity tests' bounds (1e-4 logits, 1e-5 weights)
         assert np.abs(one - two).max() <= 1e-4, what
-        assert all(np.abs(a - b).max() <= 1e-5 for a, b in zip(rec_one, rec_two)), what
+        assert all(np.abs(a - b).max() <= 1e-5 for a, b in zip(rec_one, rec_two) if a is not None), what  # None: no attention

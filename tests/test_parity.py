@@ -31,7 +31,7 @@ def test_attention_weights_match_output_attentions(case):
     model, ref = case
     record = []
     model.forward(ref["input_ids"], model.make_cache(), record=record)
-    got = np.stack(record)  # (layers, heads, T, T)
+    got = np.stack([r for r in record if r is not None])  # (attention layers, heads, T, T); None: no attention
     assert got.shape == ref["attentions"].shape
     assert np.abs(got - ref["attentions"]).max() <= 1e-5
 

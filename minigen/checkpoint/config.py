@@ -36,6 +36,8 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
         known = ", ".join(sorted(FAMILIES))
         raise MinigenError(f"{where}: unsupported model_type {model_type!r} (minigen supports {known})")
     family = FAMILIES[model_type]
+    if family.nested:
+        raw = nested_fields(raw, family.nested, where)
     get = Fields(raw, where)
     hidden = get.int("hidden_size", "n_embd")
     n_heads = get.int("num_attention_heads", "n_head")
@@ -71,6 +73,19 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     f["layer_types"] = tuple(f.get("layer_types") or ("full_attention",) * n_layers)
     _check_layers(f, where)
     return Config(**f)
+
+
+def nested_fields(raw: dict, key: str, where: str) -> dict:
+    """A multimodal config.json (Qwen3.5 as published): the text model's fields live under `key`; the
+    top level's tie_word_embeddings and architectures are the ones transformers uses."""
+    text = raw.get(key)
+    if not isinstance(text, dict):
+        raise MinigenError(f"{where}: field {key!r} should be an object holding the text model's settings")
+    fallback = {k: raw[k] for k in ("eos_token_id", "bos_token_id") if k in raw}
+    top = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), "model_type": raw["model_type"]}
+    if "architectures" in raw:
+        top["architectures"] = raw["architectures"]
+    return {**fallback, **text, **top}
 
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)

@@ -14,13 +14,19 @@ Canonical names, per layer unless global:
     q_norm, k_norm                                         RMSNorm on q and k
     wqkv, bqkv, wo, bo                                     attention: fused q/k/v (out, in), output proj
     w_gate_up, b_gate_up, w_up, b_up, w_down, b_down       MLP: fused gate/up (gated) or up (plain)
+    w_in, b_in, conv_w, conv_b, w_out, b_out               the other mixers: input projection (fused),
+                                                           depthwise conv (C, K), output projection
+    A_log, dt_bias, D, gate_norm                           Gated DeltaNet / Mamba2: decay, step bias, skip,
+                                                           the output's gated RMSNorm
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import Fields, read_rope, rope_parameters
+from ..engine.config import DeltaNet, Mamba, ShortConv
 from ..errors import MinigenError
 
 
@@ -34,6 +40,9 @@ class Family:
     ignored: tuple = ()                           # buffers old checkpoints carry (templates)
     prefixes: tuple = ()                          # stripped from tensor names when present
     norm_offset: float = 0.0
+    plain_norms: tuple = ()                       # norms norm_offset leaves alone (Qwen3.5's gated one)
+    nested: str | None = None                     # the config.json object holding the text model's fields
+    skipped: tuple = ()                           # tensor-name prefixes not loaded (a vision tower, MTP heads)
 
 
 # --- tensor name tables ---------------------------------------------------------------------------
@@ -192,6 +201,187 @@ def raise_field(get: Fields, name: str, what: str):
     raise MinigenError(f"{get.where}: field {name!r} should be {what}, got {get.raw.get(name)!r}")
 
 
+# --- layers that are not attention: Qwen3.5, LFM2, Granite 4.0(-H), Falcon-H1 ----------------------
+
+_Q = "model.layers.{}."
+QWEN3_5 = _llama_tensors(
+    w_in=tuple(_Q + f"linear_attn.in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
+    conv_w=_Q + "linear_attn.conv1d.weight", A_log=_Q + "linear_attn.A_log", dt_bias=_Q + "linear_attn.dt_bias",
+    gate_norm=_Q + "linear_attn.norm.weight", w_out=_Q + "linear_attn.out_proj.weight")
+QWEN3_5_PUBLISHED = {k: tuple(n.replace("model.", "model.language_model.", 1) for n in v) if isinstance(v, tuple)
+                     else v.replace("model.", "model.language_model.", 1) for k, v in QWEN3_5.items()}
+LFM2 = _llama_tensors(
+    final_norm="model.embedding_norm.weight", attn_norm=_Q + "operator_norm.weight",
+    mlp_norm=_Q + "ffn_norm.weight", wo=_Q + "self_attn.out_proj.weight",
+    q_norm=_Q + "self_attn.q_layernorm.weight", k_norm=_Q + "self_attn.k_layernorm.weight",
+    w_gate_up=(_Q + "feed_forward.w1.weight", _Q + "feed_forward.w3.weight"), w_down=_Q + "feed_forward.w2.weight",
+    w_in=_Q + "conv.in_proj.weight", b_in=_Q + "conv.in_proj.bias", conv_w=_Q + "conv.conv.weight",
+    conv_b=_Q + "conv.conv.bias", w_out=_Q + "conv.out_proj.weight", b_out=_Q + "conv.out_proj.bias")
+_MAMBA = dict(w_in=_Q + "mamba.in_proj.weight", b_in=_Q + "mamba.in_proj.bias", conv_w=_Q + "mamba.conv1d.weight",
+              conv_b=_Q + "mamba.conv1d.bias", A_log=_Q + "mamba.A_log", dt_bias=_Q + "mamba.dt_bias", D=_Q + "mamba.D",
+              gate_norm=_Q + "mamba.norm.weight", w_out=_Q + "mamba.out_proj.weight", b_out=_Q + "mamba.out_proj.bias")
+GRANITE_HYBRID = _llama_tensors(w_gate_up=_Q + "shared_mlp.input_linear.weight",
+                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA)
+FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_Q + "pre_ff_layernorm.weight",
+                           w_gate_up=(_Q + "feed_forward.gate_proj.weight", _Q + "feed_forward.up_proj.weight"),
+                           b_gate_up=(_Q + "feed_forward.gate_proj.bias", _Q + "feed_forward.up_proj.bias"),
+                           w_down=_Q + "feed_forward.down_proj.weight", b_down=_Q + "feed_forward.down_proj.bias",
+                           **_MAMBA)
+
+
+def _silu_conv(get: Fields, f: dict):
+    """Gated DeltaNet and Mamba2 run their conv's output through hidden_act; minigen's mixers use SiLU."""
+    if f["act"] not in ("silu", "swish"):
+        raise_field(get, "hidden_act", '"silu" (it is also the activation after the Gated DeltaNet / Mamba2 conv)')
+
+
+def _mixers(get: Fields, f: dict, kinds: dict, name: str, types: list) -> dict:
+    """layer_mixers from a per-layer list of config.json layer types, each a key of `kinds`."""
+    n = f["n_layers"]
+    if len(types) != n or any(t not in kinds for t in types):
+        raise MinigenError(f"{get.where}: field {name!r} should list one of {', '.join(sorted(kinds))} "
+                           f"for each of the {n} layers, got {short_list(types)}")
+    return {"layer_mixers": tuple(kinds[t] for t in types)}
+
+
+def short_list(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _qwen3_5(get, f):
+    """Qwen3.5: Gated DeltaNet in 3 of every 4 layers (full_attention_interval), gated attention with
+    q/k norms and 25 % partial RoPE in the 4th."""
+    every = get.int("full_attention_interval", default=4)
+    types = get.list("layer_types", default=None) or \
+        ["linear_attention" if (i + 1) % every else "full_attention" for i in range(f["n_layers"])]
+    out = _mixers(get, f, {"linear_attention": "gated_delta", "full_attention": "attention"}, "layer_types", types)
+    _silu_conv(get, f)
+    out["layer_types"] = ("full_attention",) * f["n_layers"]
+    out["delta_net"] = DeltaNet(
+        key_heads=get.int("linear_num_key_heads", default=16), value_heads=get.int("linear_num_value_heads", default=32),
+        key_dim=get.int("linear_key_head_dim", default=128), value_dim=get.int("linear_value_head_dim", default=128),
+        conv_kernel=get.int("linear_conv_kernel_dim", default=4), eps=f["norm_eps"])
+    if out["delta_net"].value_heads % out["delta_net"].key_heads:
+        raise MinigenError(f"{get.where}: linear_num_value_heads={out['delta_net'].value_heads} is not a multiple "
+                           f"of linear_num_key_heads={out['delta_net'].key_heads}")
+    if get.bool("attention_bias", default=False):
+        raise_field(get, "attention_bias", "false (minigen runs Qwen3.5 without attention biases)")
+    return out
+
+
+def _lfm2(get, f):
+    """LFM2: gated short convolutions, GQA with q/k norms in the layers full_attn_idxs (or layer_types)
+    names; the MLP width adjusted as transformers' Lfm2MLP does."""
+    types = get.list("layer_types", default=None)
+    if types is None:
+        attn = get.list("full_attn_idxs", default=None)
+        attn = range(f["n_layers"]) if attn is None else attn
+        types = ["full_attention" if i in attn else "conv" for i in range(f["n_layers"])]
+    out = _mixers(get, f, {"conv": "short_conv", "full_attention": "attention"}, "layer_types", types)
+    out["layer_types"] = ("full_attention",) * f["n_layers"]
+    out["short_conv"] = ShortConv(kernel=get.int("conv_L_cache", default=3), bias=get.bool("conv_bias", default=False))
+    F = get.int("intermediate_size", "block_ff_dim", default=12288)
+    if get.bool("block_auto_adjust_ff_dim", default=True):
+        F = int(2 * F / 3)
+        multiplier = get.nullable(get.float, "block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            step = get.int("block_multiple_of", default=256)
+            F = step * ((int(multiplier * F) + step - 1) // step)
+    out["intermediate_size"] = F
+    out["tie_word_embeddings"] = get.bool("tie_word_embeddings", "tie_embedding", default=True)
+    return out
+
+
+def _mamba(get, f, inner: int, norm: bool, norm_before_gate: bool, out_bias: bool) -> Mamba:
+    heads = get.int("mamba_n_heads", default=128)
+    head_dim = get.raw.get("mamba_d_head", "auto")
+    head_dim = inner // heads if head_dim == "auto" else get.int("mamba_d_head")
+    if heads * head_dim != inner:
+        raise MinigenError(f"{get.where}: mamba_n_heads={heads} x mamba_d_head={head_dim} should be the Mamba2 "
+                           f"inner size {inner}")
+    groups = get.int("mamba_n_groups", default=1)
+    if heads % groups:
+        raise MinigenError(f"{get.where}: mamba_n_heads={heads} is not a multiple of mamba_n_groups={groups}")
+    limit = get.raw.get("time_step_limit", (0.0, float("inf")))
+    if isinstance(limit, (list, tuple)):  # transformers 5 writes infinity as {"__float__": "Infinity"}
+        limit = [float(x["__float__"]) if isinstance(x, dict) and x.get("__float__") in FLOAT_TAGS else x
+                 for x in limit]
+    if limit is not None and not (isinstance(limit, list) and len(limit) == 2
+                                  and all(isinstance(x, (int, float)) and not math.isnan(x) for x in limit)):
+        raise_field(get, "time_step_limit", "null or two numbers")
+    return Mamba(heads=heads, head_dim=head_dim, groups=groups, state_size=get.int("mamba_d_state", default=256),
+                 conv_kernel=get.int("mamba_d_conv", default=4), chunk=get.int("mamba_chunk_size", default=256),
+                 limit=None if limit is None else (float(limit[0]), float(limit[1])), eps=f["norm_eps"], norm=norm,
+                 norm_before_gate=norm_before_gate, conv_bias=get.bool("mamba_conv_bias", default=True),
+                 in_bias=get.bool("mamba_proj_bias", default=False), out_bias=out_bias)
+
+
+FLOAT_TAGS = ("Infinity", "-Infinity")
+
+
+def _granite_hybrid(get, f):
+    """Granite 4.0(-H): Mamba2 or attention per layer (layer_types, "mamba"/"attention" in the 4.x
+    spelling), NoPE unless position_embedding_type is "rope", a shared gated MLP, Granite's multipliers."""
+    if get.raw.get("num_local_experts", 8) != 0:  # transformers' default is 8
+        raise_field(get, "num_local_experts", "0 (minigen runs the dense Granite 4.0 models, not the MoE ones)")
+    types = get.list("layer_types", "layers_block_type", default=None) or ["mamba"] * f["n_layers"]
+    kinds = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
+    out = _mixers(get, f, kinds, "layer_types", types)
+    out["layer_types"] = ("full_attention",) * f["n_layers"]
+    if "mamba2" in out["layer_mixers"]:
+        _silu_conv(get, f)
+        out["mamba"] = _mamba(get, f, get.int("mamba_expand", default=2) * f["hidden_size"], norm=True,
+                              norm_before_gate=False, out_bias=get.bool("mamba_proj_bias", default=False))
+    kind = get.raw.get("position_embedding_type")
+    if kind not in (None, "rope", "nope"):
+        raise_field(get, "position_embedding_type", '"rope", "nope" or null')
+    if kind != "rope":
+        out["rope"] = (None,) * f["n_layers"]
+    out["intermediate_size"] = get.int("shared_intermediate_size", default=1024)
+    out["attn_scale"] = get.float("attention_multiplier", default=1.0)
+    out["embed_multiplier"] = get.number("embedding_multiplier", default=1.0)
+    out["residual_multiplier"] = get.number("residual_multiplier", default=1.0)
+    out["logits_multiplier"] = 1.0 / get.float("logits_scaling", default=1.0)
+    return {**_biases(get, f), **out, "mlp_bias": False}
+
+
+def _falcon_h1(get, f):
+    """Falcon-H1: attention and Mamba2 side by side in every layer, and µP multipliers on nearly every
+    projection, folded into the weights at load (weight_scales) but for the embedding and logits ones."""
+    n, D = f["n_layers"], f["hidden_size"]
+    _silu_conv(get, f)
+    inner = get.int("mamba_d_ssm", default=None) or get.int("mamba_expand", default=2) * D
+    m = _mamba(get, f, inner, norm=get.bool("mamba_rms_norm", default=False),
+               norm_before_gate=get.bool("mamba_norm_before_gate", default=True),
+               out_bias=get.bool("projectors_bias", default=False))
+    I, GN, H, d = m.inner, m.groups * m.state_size, f["n_heads"] * f["head_dim"], f["head_dim"]
+    mup = _numbers(get, "ssm_multipliers", 5, [1.0] * 5)
+    gate, down = _numbers(get, "mlp_multipliers", 2, [1.0, 1.0])
+    kv = f["n_kv_heads"] * d
+    bounds = [0, I, 2 * I, 2 * I + GN, 2 * I + 2 * GN, None]
+    scales = [("w_in", a, b, x, True) for a, b, x in zip(bounds, bounds[1:], mup)] + [
+        ("w_in", None, None, get.number("ssm_in_multiplier", default=1.0), False),
+        ("w_out", None, None, get.number("ssm_out_multiplier", default=1.0), True),
+        ("wqkv", None, None, get.number("attention_in_multiplier", default=1.0), False),
+        ("wqkv", H, H + kv, get.number("key_multiplier", default=1.0), True),
+        ("wo", None, None, get.number("attention_out_multiplier", default=1.0), True),
+        ("w_gate_up", 0, f["intermediate_size"], gate, True), ("w_down", None, None, down, True)]
+    return {**_biases(get, f), "mamba": m, "layer_mixers": ("attention+mamba2",) * n,
+            "weight_scales": tuple(s for s in scales if s[3] != 1.0),
+            "embed_multiplier": get.number("embedding_multiplier", default=1.0),
+            "logits_multiplier": get.number("lm_head_multiplier", default=1.0)}
+
+
+def _numbers(get: Fields, name: str, n: int, default: list) -> list:
+    v = get.raw.get(name)
+    if v is None:
+        return default
+    if not (isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)):
+        raise_field(get, name, f"a list of {n} numbers")
+    return [float(x) for x in v]
+
+
 GEMMA_FEATURES = dict(embed_scale=True)
 GEMMA_DEFAULTS = dict(head_dim=256, tie_word_embeddings=True, max_position_embeddings=8192, act="gelu_pytorch_tanh")
 
@@ -225,4 +415,18 @@ FAMILIES = {
         fix={"wqkv": "neox_qkv", "bqkv": "neox_qkv"},
         ignored=(_N + "attention.bias", _N + "attention.masked_bias", _N + "attention.rotary_emb.inv_freq")),
     "smollm3": Family(LLAMA, read=_smollm3, defaults=dict(tie_word_embeddings=True, max_position_embeddings=32768)),
+    "qwen3_5_text": Family(QWEN3_5, features=dict(qk_norm="head", attn_gate=True), read=_qwen3_5, norm_offset=1.0,
+                           plain_norms=("gate_norm",), fix={"wqkv": "gated_q", "conv_w": "depthwise"},
+                           defaults=dict(head_dim=256, max_position_embeddings=32768, partial_rotary_factor=0.25),
+                           skipped=("mtp.",)),
+    "qwen3_5": Family(QWEN3_5_PUBLISHED, features=dict(qk_norm="head", attn_gate=True), read=_qwen3_5, norm_offset=1.0,
+                      plain_norms=("gate_norm",), fix={"wqkv": "gated_q", "conv_w": "depthwise"},
+                      defaults=dict(head_dim=256, max_position_embeddings=32768, partial_rotary_factor=0.25),
+                      nested="text_config", skipped=("model.visual.", "mtp.")),
+    "lfm2": Family(LFM2, features=dict(qk_norm="head"), read=_lfm2, fix={"conv_w": "depthwise"},
+                   defaults=dict(norm_eps=1e-5, max_position_embeddings=128000, rope_theta=1000000.0)),
+    "granitemoehybrid": Family(GRANITE_HYBRID, read=_granite_hybrid, fix={"conv_w": "depthwise"},
+                               defaults=dict(max_position_embeddings=2048)),
+    "falcon_h1": Family(FALCON_H1, read=_falcon_h1, fix={"conv_w": "depthwise"},
+                        defaults=dict(norm_eps=1e-5, max_position_embeddings=8192)),
 }

@@ -234,39 +234,95 @@ def _mapped(ref: TensorRef) -> np.ndarray:
 
 # --- canonical tensors: shapes from the config, names from the family ------------------------------
 
-def expected_shapes(cfg: Config) -> tuple[dict, dict]:
+def expected_shapes(cfg: Config) -> tuple[dict, list[dict]]:
     """(global, per-layer) canonical tensors this config has, with their shapes in minigen's layout:
-    every projection (out, in), q/k/v and gate/up fused by rows."""
-    D, V, d, F = cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.n_heads * d, cfg.n_kv_heads * d
-    layer_norm = cfg.norm == "layer"
+    every projection (out, in), q/k/v and gate/up fused by rows. Each layer's tensors depend on its
+    token mixer (attention, Gated DeltaNet, short conv, Mamba2, or attention beside Mamba2)."""
+    D, V = cfg.hidden_size, cfg.vocab_size
     glob = {"embed": (V, D), "final_norm": (D,), "lm_head": (V, D)}
     if cfg.positions == "learned":
         glob["pos_embed"] = (cfg.max_position_embeddings, D)
+    if cfg.norm == "layer":
+        glob["final_norm_b"] = (D,)
+    return glob, [layer_shapes(cfg, i) for i in range(cfg.n_layers)]
+
+
+def layer_shapes(cfg: Config, i: int) -> dict:
+    D, F = cfg.hidden_size, cfg.intermediate_size
     norms = (["attn_norm", "mlp_norm"] if cfg.pre_norms else []) + \
             (["attn_post_norm", "mlp_post_norm"] if cfg.post_norms else [])
     layer = {n: (D,) for n in norms}
-    if cfg.qk_norm:
-        layer.update(q_norm=(d,) if cfg.qk_norm == "head" else (q,), k_norm=(d,) if cfg.qk_norm == "head" else (kv,))
-    layer.update(wqkv=(q + 2 * kv, D), wo=(D, q), w_down=(D, F))
+    mixer = cfg.mixer(i)
+    if "attention" in mixer:
+        layer.update(attention_shapes(cfg))
+    layer.update(MIXER_SHAPES.get(mixer.replace("attention+", "").replace("attention", ""), lambda c: {})(cfg))
+    layer.update(w_down=(D, F))
     layer.update(w_gate_up=(2 * F, D)) if cfg.mlp == "gated" else layer.update(w_up=(F, D))
-    if cfg.qkv_bias:
-        layer["bqkv"] = (q + 2 * kv,)
-    if cfg.o_bias:
-        layer["bo"] = (D,)
     if cfg.mlp_bias:
         layer.update({"b_gate_up" if cfg.mlp == "gated" else "b_up": (2 * F if cfg.mlp == "gated" else F,), "b_down": (D,)})
-    if layer_norm:
-        glob["final_norm_b"] = (D,)
+    if cfg.norm == "layer":
         layer.update({n + "_b": (D,) for n in norms})
-    return glob, layer
+    return layer
+
+
+def attention_shapes(cfg: Config) -> dict:
+    D, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.n_heads * d, cfg.n_kv_heads * d
+    qkv = q + 2 * kv + (q if cfg.attn_gate else 0)   # Qwen3.5: the output gate's rows come with q
+    out = {"wqkv": (qkv, D), "wo": (D, q)}
+    if cfg.qk_norm:
+        out.update(q_norm=(d,) if cfg.qk_norm == "head" else (q,), k_norm=(d,) if cfg.qk_norm == "head" else (kv,))
+    if cfg.qkv_bias:
+        out["bqkv"] = (qkv,)
+    if cfg.o_bias:
+        out["bo"] = (D,)
+    return out
+
+
+def delta_net_shapes(cfg: Config) -> dict:
+    m, D = cfg.delta_net, cfg.hidden_size
+    conv = 2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim
+    return {"w_in": (conv + m.value_heads * m.value_dim + 2 * m.value_heads, D), "conv_w": (conv, m.conv_kernel),
+            "A_log": (m.value_heads,), "dt_bias": (m.value_heads,), "gate_norm": (m.value_dim,),
+            "w_out": (D, m.value_heads * m.value_dim)}
+
+
+def short_conv_shapes(cfg: Config) -> dict:
+    m, D = cfg.short_conv, cfg.hidden_size
+    out = {"w_in": (3 * D, D), "conv_w": (D, m.kernel), "w_out": (D, D)}
+    if m.bias:
+        out.update(b_in=(3 * D,), conv_b=(D,), b_out=(D,))
+    return out
+
+
+def mamba_shapes(cfg: Config) -> dict:
+    m, D = cfg.mamba, cfg.hidden_size
+    I, GN, H = m.inner, m.groups * m.state_size, m.heads
+    out = {"w_in": (2 * I + 2 * GN + H, D), "conv_w": (I + 2 * GN, m.conv_kernel), "A_log": (H,), "D": (H,),
+           "dt_bias": (H,), "w_out": (D, I)}
+    if m.conv_bias:
+        out["conv_b"] = (I + 2 * GN,)
+    if m.norm:
+        out["gate_norm"] = (I,)
+    if m.in_bias:
+        out["b_in"] = (2 * I + 2 * GN + H,)
+    if m.out_bias:
+        out["b_out"] = (D,)
+    return out
+
+
+MIXER_SHAPES = {"gated_delta": delta_net_shapes, "short_conv": short_conv_shapes, "mamba2": mamba_shapes}
 
 
 def row_splits(cfg: Config, name: str) -> list[int]:
     """How a fused canonical tensor's rows split into the checkpoint's separate tensors."""
     d, F = cfg.head_dim, cfg.intermediate_size
     if name in ("wqkv", "bqkv"):
-        return [cfg.n_heads * d, cfg.n_kv_heads * d, cfg.n_kv_heads * d]
+        return [cfg.n_heads * d * (2 if cfg.attn_gate else 1), cfg.n_kv_heads * d, cfg.n_kv_heads * d]
+    if name == "w_in":  # Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+        m = cfg.delta_net
+        return [2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim, m.value_heads * m.value_dim,
+                m.value_heads, m.value_heads]
     return [F, F]  # w_gate_up, b_gate_up
 
 
@@ -282,12 +338,13 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
     """Canonical name -> Source, global and per layer; fail on unknown, missing or misshapen tensors."""
     for prefix in family.prefixes:
         refs = {(k[len(prefix):] if k.startswith(prefix) else k): r for k, r in refs.items()}
+    refs = {k: r for k, r in refs.items() if not k.startswith(family.skipped)} if family.skipped else refs
     glob_shapes, layer_shapes = expected_shapes(cfg)
     _check_layer_count(cfg, family, layer_shapes, len(refs), where)
     drop = {t.format(i) for t in family.ignored for i in range(cfg.n_layers)}
     wanted = {}  # checkpoint name -> (layer or None, canonical, part index, part shape)
     plan = [(None, k, s) for k, s in glob_shapes.items()] + \
-           [(i, k, s) for i in range(cfg.n_layers) for k, s in layer_shapes.items()]
+           [(i, k, s) for i in range(cfg.n_layers) for k, s in layer_shapes[i].items()]
     for i, key, shape in plan:
         for j, (name, part) in enumerate(_parts(cfg, family, key, shape)):
             wanted[name.format(i)] = (i, key, j, part)
@@ -310,16 +367,17 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
         found.setdefault((i, key), {})[j] = ref
     glob, layers = {}, [{} for _ in range(cfg.n_layers)]
     for (i, key), parts in found.items():
-        shape = glob_shapes[key] if i is None else layer_shapes[key]
+        shape = glob_shapes[key] if i is None else layer_shapes[i][key]
         src = Source(tuple(parts[j] for j in sorted(parts)), shape, family.fix.get(key))
         (glob if i is None else layers[i])[key] = src
     return glob, layers
 
 
-def _check_layer_count(cfg: Config, family, layer_shapes: dict, n_tensors: int, where: Path):
+def _check_layer_count(cfg: Config, family, layer_shapes: list, n_tensors: int, where: Path):
     """Refuse a layer count the checkpoint cannot hold before anything is built per layer: each layer
     has at least this many tensors, so 10**12 layers fail here, not in a MemoryError."""
-    per_layer = sum(len(_parts(cfg, family, k, s)) for k, s in layer_shapes.items())
+    per_layer = min(sum(len(_parts(cfg, family, k, s)) for k, s in shapes.items())
+                    for shapes in {cfg.mixer(i): layer_shapes[i] for i in range(cfg.n_layers)}.values())
     if cfg.n_layers * per_layer > n_tensors:
         raise MinigenError(f"{where}: config.json says {cfg.n_layers} layers, but the checkpoint holds only "
                            f"{n_tensors} tensors, enough for at most {n_tensors // per_layer}")
@@ -331,8 +389,10 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
     if names is None:
         raise MinigenError(f"{cfg.model_type}: minigen has no checkpoint name for {key!r} (a bug in families.py)")
     if isinstance(names, str):
-        conv1d = family.fix.get(key) == "conv1d" and len(shape) == 2
-        return [(names, shape[::-1] if conv1d else shape)]
+        fix = family.fix.get(key)
+        if fix == "depthwise":  # torch's Conv1d(groups=C) weight: (C, 1, K)
+            return [(names, (shape[0], 1, shape[1]))]
+        return [(names, shape[::-1] if fix == "conv1d" and len(shape) == 2 else shape)]
     return [(n, (rows,) + shape[1:]) for n, rows in zip(names, row_splits(cfg, key))]
 
 
@@ -344,8 +404,24 @@ def load_params(path: Path, cfg: Config, family) -> dict:
     params = {k: _read(s, cfg, family, k) for k, s in glob.items()}
     if "lm_head" not in params:  # tied: the embedding doubles as the output projection
         params["lm_head"] = params["embed"]
-    params["layers"] = [{k: _read(s, cfg, family, k) for k, s in srcs.items()} for srcs in layers]
+    params["layers"] = [scaled({k: _read(s, cfg, family, k) for k, s in srcs.items()}, cfg) for srcs in layers]
     return params
+
+
+BIASES = {"wqkv": "bqkv", "wo": "bo", "w_in": "b_in", "w_out": "b_out", "w_gate_up": "b_gate_up", "w_down": "b_down"}
+
+
+def scaled(layer: dict, cfg: Config) -> dict:
+    """A layer's tensors with cfg.weight_scales applied: rows start..stop of a weight (and of its bias,
+    when the factor scales the output rather than the input) times a factor, so that the forward pass
+    needs no multipliers of its own (Falcon-H1's µP multipliers on projections' inputs and outputs)."""
+    for key, start, stop, factor, bias in cfg.weight_scales:
+        for name in (key, BIASES[key]) if bias else (key,):
+            if name in layer:
+                w = layer[name].copy()
+                w[start:stop] *= np.float32(factor)
+                layer[name] = w
+    return layer
 
 
 def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
@@ -361,7 +437,7 @@ def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
             start += ref.shape[0]
     if src.fix:
         w = FIXES[src.fix](w, cfg)
-    if family.norm_offset and "norm" in key and not key.endswith("_b"):
+    if family.norm_offset and "norm" in key and not key.endswith("_b") and key not in family.plain_norms:
         w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
     return w
 
@@ -372,7 +448,18 @@ def _neox_qkv(w: np.ndarray, cfg: Config) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(H, 3, d, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape))
 
 
+def _gated_q(w: np.ndarray, cfg: Config) -> np.ndarray:
+    """Qwen3.5's q_proj holds each head's query and output gate side by side, rows (H, 2, d): the fused
+    [q_proj; k_proj; v_proj] becomes [all q; k; v; all gates], so that q, k, v lead as in every family."""
+    H, d = cfg.n_heads, cfg.head_dim
+    qg = w[:2 * H * d].reshape(H, 2, d, *w.shape[1:])
+    return np.ascontiguousarray(np.concatenate([qg[:, 0].reshape(H * d, *w.shape[1:]), w[2 * H * d:],
+                                                qg[:, 1].reshape(H * d, *w.shape[1:])]))
+
+
 FIXES = {
     "conv1d": lambda w, cfg: np.ascontiguousarray(w.T),   # GPT-2's Conv1D stores (in, out)
     "neox_qkv": _neox_qkv,
+    "gated_q": _gated_q,
+    "depthwise": lambda w, cfg: np.ascontiguousarray(w.reshape(w.shape[0], w.shape[-1])),   # (C, 1, K) -> (C, K)
 }

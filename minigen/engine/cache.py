@@ -1,4 +1,5 @@
-"""The per-layer cache: for attention, the growing KV cache, one per layer, preallocated, written at an offset, grown geometrically.
+"""The per-layer cache: for attention, the growing KV cache, one per layer, preallocated, written at an offset, grown geometrically;
+for the recurrent layers of hybrids (Gated DeltaNet, short conv, Mamba2), a fixed-size state (StateCache).
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
 the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
@@ -11,6 +12,15 @@ Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each 
 contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
 decode step than against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys
 as (n_kv, S, head_dim) views, so callers never see the difference.
+
+Rolling back (a rejected speculative token, a chat turn whose template renders earlier turns
+differently) is `truncate(cache, n)` on the whole model's cache: every layer has `offset`,
+`truncate(n)` and `keepable(n)`. A KV layer keeps any n (the offset moves). A recurrent layer can
+only return to where its state was kept: `checkpoint(cache)` snapshots every recurrent layer at the
+current offset (the last few snapshots are kept), and `truncate(cache, n)` cuts every layer to the
+largest m <= n all of them can return to (n itself, a snapshot, or 0) and returns m; the caller feeds
+ids[m:n] again. A snapshot costs one copy of the states (Qwen3.5-0.8B: 19 MB, a few ms); a miss, the
+forward of the tokens between the snapshot and n.
 """
 from __future__ import annotations
 
@@ -64,7 +74,102 @@ class KVCache:
         self.keys_t, self.values = keys_t, values
 
 
-CACHES = {"attention": lambda cfg, capacity: KVCache(cfg.n_kv_heads, cfg.head_dim, capacity)}  # per mixer
+# --- recurrent layers: a fixed-size state instead of a growing K/V ------------------------------------
+
+class StateCache:
+    """A recurrent layer's state (Gated DeltaNet, short conv, Mamba2): the conv's last K-1 inputs
+    (`tail`) and, but for the short conv, the recurrent state; `offset` counts the positions it has
+    seen. Its size does not grow with the context, so decode costs the same at any length.
+
+    It cannot be cut back by moving the offset: the state after n tokens is gone once more are fed.
+    `checkpoint()` keeps a copy of the state at the current offset (the last `keep` of them), and
+    `truncate(n)` restores the one taken at n, or, at 0, starts afresh. Callers cut the whole model's
+    cache with `truncate(cache, n)`, which keeps as much as every layer can restore and says how much
+    that is; what was not kept is recomputed by feeding those tokens again. A snapshot costs one copy
+    of the state (Qwen3.5-0.8B: 1.1 MB per Gated DeltaNet layer, 19 MB for the model); restoring it, one copy back.
+    """
+
+    def __init__(self, tail_shape: tuple, state_shape: tuple | None = None, keep: int = 4):
+        self.tail = np.zeros(tail_shape, np.float32)                          # (K-1, C)
+        self.state = None if state_shape is None else np.zeros(state_shape, np.float32)
+        self.offset, self.keep = 0, keep
+        self.snapshots: dict[int, tuple] = {}
+
+    def update(self, tail: np.ndarray, state: np.ndarray | None, n: int):
+        """The state after n more positions."""
+        self.tail, self.state = tail, state
+        self.offset += n
+
+    def checkpoint(self):
+        """Keep the state at the current offset, so that truncate() may return here."""
+        self.snapshots[self.offset] = (self.tail.copy(), None if self.state is None else self.state.copy())
+        for old in sorted(self.snapshots)[:-self.keep]:
+            del self.snapshots[old]
+
+    def keepable(self, n: int) -> int:
+        """The largest m <= n this layer can be cut back to: n itself if it is the offset or a snapshot,
+        else the latest snapshot before n, else 0."""
+        return n if n == self.offset else max((s for s in self.snapshots if s <= n), default=0)
+
+    def truncate(self, n: int):
+        """Back to the state after the first n positions: the offset itself, a snapshot, or 0."""
+        if n == self.offset:
+            return
+        if n == 0:
+            self.tail, self.state = np.zeros_like(self.tail), None if self.state is None else np.zeros_like(self.state)
+        elif n in self.snapshots:
+            tail, state = self.snapshots[n]
+            self.tail, self.state = tail.copy(), None if state is None else state.copy()
+        else:
+            raise ValueError(f"cannot truncate a recurrent layer at {self.offset} positions to {n}: no snapshot "
+                             f"there (it has {sorted(self.snapshots)}); use cache.truncate(cache, n)")
+        self.offset = n
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s <= n}
+
+
+class ParallelCache(KVCache):
+    """Falcon-H1's layers run attention and Mamba2 side by side: a KVCache that also holds the Mamba2
+    part's StateCache (`ssm`), the two advanced together."""
+
+    def __init__(self, n_kv: int, head_dim: int, capacity: int, ssm: StateCache):
+        super().__init__(n_kv, head_dim, capacity)
+        self.ssm = ssm
+
+    def checkpoint(self):
+        self.ssm.checkpoint()
+
+    def keepable(self, n: int) -> int:
+        return self.ssm.keepable(n)
+
+    def truncate(self, n: int):
+        self.ssm.truncate(n)
+        super().truncate(n)
+
+
+# --- one cache per layer, of the layer's kind -----------------------------------------------------
+
+def delta_net_cache(cfg, capacity: int = 0) -> StateCache:
+    m = cfg.delta_net
+    conv = 2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim
+    return StateCache((m.conv_kernel - 1, conv), (m.value_heads, m.key_dim, m.value_dim))
+
+
+def short_conv_cache(cfg, capacity: int = 0) -> StateCache:
+    return StateCache((cfg.short_conv.kernel - 1, cfg.hidden_size))
+
+
+def mamba_cache(cfg, capacity: int = 0) -> StateCache:
+    m = cfg.mamba
+    return StateCache((m.conv_kernel - 1, m.inner + 2 * m.groups * m.state_size), (m.heads, m.head_dim, m.state_size))
+
+
+CACHES = {   # per token mixer: the layer's cache
+    "attention": lambda cfg, capacity: KVCache(cfg.n_kv_heads, cfg.head_dim, capacity),
+    "gated_delta": delta_net_cache,
+    "short_conv": short_conv_cache,
+    "mamba2": mamba_cache,
+    "attention+mamba2": lambda cfg, capacity: ParallelCache(cfg.n_kv_heads, cfg.head_dim, capacity, mamba_cache(cfg)),
+}
 
 
 def make_cache(cfg, capacity: int = 256) -> list:
@@ -72,10 +177,21 @@ def make_cache(cfg, capacity: int = 256) -> list:
     return [CACHES[cfg.mixer(i)](cfg, capacity) for i in range(cfg.n_layers)]
 
 
-def truncate(cache: list, n: int):
-    """Cut every layer back to its first n positions."""
+def truncate(cache: list, n: int) -> int:
+    """Cut every layer back to its first n positions, or, when a recurrent layer (StateCache) has no
+    snapshot there, to the latest position every layer can return to (0 at worst). Returns the
+    positions kept: the caller feeds the tokens after them again."""
+    n = min([n] + [layer.keepable(n) for layer in cache if hasattr(layer, "keepable")])
     for layer in cache:
         layer.truncate(n)
+    return n
+
+
+def checkpoint(cache: list):
+    """Snapshot every recurrent layer at the current offset (attention layers need none)."""
+    for layer in cache:
+        if hasattr(layer, "checkpoint"):
+            layer.checkpoint()
 
 
 # --- what a cache may keep: longrope's rules ---------------------------------------------------------

@@ -26,6 +26,46 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class DeltaNet:
+    """Gated DeltaNet sizes (Qwen3.5's linear_* fields): Hk key heads of dk dims, H value heads of dv."""
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int                  # the causal conv over q, k, v (linear_conv_kernel_dim)
+    eps: float                        # the gated RMSNorm's
+
+
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution."""
+    kernel: int                       # conv_L_cache
+    bias: bool                        # conv_bias: on in_proj, the conv and out_proj
+
+
+@dataclass(frozen=True)
+class Mamba:
+    """Mamba2 sizes: H heads of P dims (H P = the inner size I), G groups of B and C, N state dims."""
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+    chunk: int                        # mamba_chunk_size: the SSD scan's chunk
+    limit: tuple | None               # time_step_limit on the prompt's step sizes, or None
+    eps: float
+    norm: bool                        # the gated RMSNorm on the output (else the gate alone: Falcon-H1's default)
+    norm_before_gate: bool            # Falcon-H1's mamba_norm_before_gate; Granite gates first
+    conv_bias: bool
+    in_bias: bool                     # on in_proj (mamba_proj_bias)
+    out_bias: bool                    # on out_proj (mamba_proj_bias; Falcon-H1: projectors_bias)
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+
+@dataclass(frozen=True)
 class Config:
     model_type: str
     vocab_size: int
@@ -58,6 +98,14 @@ class Config:
     sliding_window: int | None = None
     layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
     layer_mixers: tuple = ()          # per layer: its token mixer (model.MIXERS); empty: attention in every layer
+    attn_gate: bool = False           # Qwen3.5: attention output x sigmoid(gate), the gate from q_proj
+    delta_net: DeltaNet | None = None
+    short_conv: ShortConv | None = None
+    mamba: Mamba | None = None
+    embed_multiplier: float = 1.0     # Granite, Falcon-H1: embeddings x it
+    residual_multiplier: float = 1.0  # Granite: each block's output x it before the residual add
+    logits_multiplier: float = 1.0    # Granite: 1 / logits_scaling; Falcon-H1: lm_head_multiplier
+    weight_scales: tuple = ()         # (tensor, first row, end row, factor, bias too) applied at load: Falcon-H1's µP
     eos_token_ids: tuple = ()
     architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
 
@@ -69,6 +117,9 @@ class Config:
     def mixer(self, layer: int) -> str:
         """The layer's token mixer, a key of model.MIXERS."""
         return self.layer_mixers[layer] if self.layer_mixers else "attention"
+
+    def has_attention(self, layer: int) -> bool:
+        return "attention" in self.mixer(layer)
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"

@@ -12,9 +12,12 @@ Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up 
 (config.py), which each family sets in checkpoint/families.py. A layer is
 
     h = attn_norm(x)                 [none: OLMo 2]
-    a = mixer(h)                     attention over each sequence's own cache (MIXERS)
+    a = mixer(h)                     attention over each sequence's own cache, or a recurrence over its
+                                     state: Gated DeltaNet (gated_delta.py), LFM2's short convolution
+                                     (short_conv.py), Mamba2 (ssm.py), attention beside Mamba2 (MIXERS)
     a = attn_post_norm(a)            [Gemma 2/3, OLMo 2]
     x = x + a                        [parallel residual: the MLP reads x from before this add, GPT-NeoX]
+                                     [a and m x residual_multiplier before the adds: Granite]
     m = mlp(mlp_norm(x))             (MLPS)
     m = mlp_post_norm(m)             [Gemma 2/3, OLMo 2]
     x = x + m
@@ -36,6 +39,9 @@ from . import parallel
 from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config
+from .gated_delta import gated_deltanet, sigmoid
+from .short_conv import short_conv
+from .ssm import mamba2
 from .layers import activation, apply_rope, layer_norm, rms_norm, rope_tables, softcap
 from ..errors import MinigenError
 
@@ -118,6 +124,8 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, re
     a = MIXERS[cfg.mixer(i)](h, p, cfg, i, seqs, rope, record, hooks)         # (N, D)
     if cfg.post_norms:
         a = norm(a, p, cfg, "attn_post_norm")
+    if cfg.residual_multiplier != 1.0:  # Granite: each block's output scaled before the add
+        a *= np.float32(cfg.residual_multiplier)
     if hooks:
         a = hooks.attn_out(i, a)
     if cfg.parallel_residual:  # both blocks read the same x
@@ -126,6 +134,8 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, re
     else:
         x += a
         m = parallel.by_rows(mlp_block, x, p=p, cfg=cfg)                     # (N, D)
+    if cfg.residual_multiplier != 1.0:
+        m *= np.float32(cfg.residual_multiplier)
     if hooks:
         m = hooks.mlp_out(i, m)
     x += m
@@ -146,7 +156,10 @@ def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope
         z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
     if hooks:
         z = hooks.z(i, z)
-    return parallel.by_rows(linear, z.reshape(len(z), -1), w=p["wo"], b=p.get("bo"))   # (N, D)
+    z = z.reshape(len(z), -1)                                                # (N, H d)
+    if cfg.attn_gate:  # Qwen3.5: each head's output x sigmoid(its gate), the gate's rows last in wqkv
+        z = z * sigmoid(linear(h, p["wqkv"][qkv_rows(cfg):]))
+    return parallel.by_rows(linear, z, w=p["wo"], b=p.get("bo"))             # (N, D)
 
 
 def attend_cached(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, cfg: Config, i: int,
@@ -162,14 +175,51 @@ def attend_cached(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, c
     return out.transpose(1, 0, 2)                                            # (T, H, d)
 
 
-MIXERS = {"attention": attention}   # Config.mixer(layer) -> the layer's token mixer
+def recurrent(step):
+    """A token mixer from a recurrence `step(x, tail, state, p, cfg) -> (out, tail, state)` on one
+    sequence's rows: each sequence runs from its own cache's state, which it then advances."""
+    def mixer(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope=None, record=None, hooks=None):
+        out = np.empty_like(h)                                               # (N, D)
+        for s in seqs:
+            c = s.cache[i]
+            c = getattr(c, "ssm", c)   # beside attention (Falcon-H1), its own part of the layer's cache
+            out[s.rows], tail, state = step(h[s.rows], c.tail, c.state, p, cfg)
+            c.update(tail, state, s.rows.stop - s.rows.start)
+        if record is not None:   # no attention weights: None keeps record[i] the weights of layer i
+            record.append(None)
+        return out
+    return mixer
+
+
+def attention_and_mamba2(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope,
+                         record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
+    """Falcon-H1: attention and Mamba2 side by side on the same input, their outputs summed (the µP
+    multipliers on both are folded into the weights at load)."""
+    return MIXERS["mamba2"](h, p, cfg, i, seqs) + attention(h, p, cfg, i, seqs, rope, record, hooks)
+
+
+MIXERS = {   # Config.mixer(layer) -> the layer's token mixer
+    "attention": attention,
+    "gated_delta": recurrent(lambda x, tail, state, p, cfg: gated_deltanet(x, tail, state, p, cfg.delta_net)),
+    "short_conv": recurrent(lambda x, tail, state, p, cfg: (*short_conv(x, tail, p), None)),
+    "mamba2": recurrent(lambda x, tail, state, p, cfg: mamba2(x, tail, state, p, cfg.mamba)),
+    "attention+mamba2": attention_and_mamba2,
+}
+
+
+def qkv_rows(cfg: Config) -> int:
+    """Rows of wqkv that are q, k and v (Qwen3.5's output gate follows them)."""
+    return (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
 
 
 def qkv_heads(x: np.ndarray, rope, p: dict, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Project rows x (N, D) to q (N, H, d), k and v (N, KV, d): the family's q/k norm, then RoPE on
     q and k (rope: this layer's (cos, sin) tables for these rows, each (N, dim), or None)."""
     N, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (N, (H + 2 KV) d)
+    w, b = p["wqkv"], p.get("bqkv")
+    if cfg.attn_gate:   # the gate's rows are not q, k or v: left to attention()
+        w, b = w[:qkv_rows(cfg)], None if b is None else b[:qkv_rows(cfg)]
+    qkv = linear(x, w, b)                                                    # (N, (H + 2 KV) d)
     qk = qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(N, H + KV, d)        # (N, H + KV, d)
     if rope is not None:  # q and k heads rotate alike: one call for both
         cos, sin = rope
@@ -257,6 +307,8 @@ def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> 
     x = params["embed"][ids]                                                 # (N, D), a copy
     if cfg.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
         x *= np.float32(cfg.hidden_size ** 0.5)
+    if cfg.embed_multiplier != 1.0:  # Granite, Falcon-H1
+        x *= np.float32(cfg.embed_multiplier)
     if cfg.positions == "learned":
         x += params["pos_embed"][positions]
     return x
@@ -265,6 +317,8 @@ def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> 
 def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
     """The final norm, the output projection, and the family's soft-cap: (N, D) -> (N, V)."""
     logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (N, V)
+    if cfg.logits_multiplier != 1.0:  # Granite: / logits_scaling; Falcon-H1: x lm_head_multiplier
+        logits *= np.float32(cfg.logits_multiplier)
     return softcap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
 

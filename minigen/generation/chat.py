@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..engine.cache import reusable_prefix, truncate
+from ..engine.cache import checkpoint, reusable_prefix, truncate
 from ..errors import MinigenError, first_line
 from ..files import atomic_write
 from .options import Options
@@ -52,7 +52,7 @@ class ChatSession:
         options = self.options.update(**options).for_model(self.model)
         messages, ids, dropped = self.fit(self.messages + [{"role": "user", "content": text}], options)
         keep = reusable_prefix(self.model.config, len(self.cached), common_prefix(self.cached, ids[:-1]), len(ids))
-        truncate(self.cache, keep)
+        keep = truncate(self.cache, keep)   # a recurrent layer (hybrids) returns only to a snapshot, or 0
         self.cached = self.cached[:keep]
         self._open = Reply(self, Run(self.model, self.tokenizer, ids, options, cache=self.cache), messages, dropped)
         return self._open
@@ -96,7 +96,8 @@ class ChatSession:
     def _end_turn(self, reply: "Reply"):
         fed = reply.run.prompt + reply.run.tokens        # every id the model may have been given, in order
         n = min(layer.offset for layer in self.cache)     # Ctrl-C inside a forward: only some layers were filled
-        truncate(self.cache, n)
+        n = truncate(self.cache, n)
+        checkpoint(self.cache)   # recurrent layers: the next turn, which shares this prefix, may return here
         self.cached = fed[:n]
         self.messages = reply.messages + [{"role": "assistant", "content": reply.content}]
         self._open = None

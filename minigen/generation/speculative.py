@@ -202,8 +202,7 @@ class DraftModel:
                 return [], None
             k, self.idle = 1, 0
         start = time.perf_counter()
-        keep = common_prefix(self.cached, tokens[:-1])
-        truncate(self.cache, keep)
+        keep = truncate(self.cache, common_prefix(self.cached, tokens[:-1]))   # a recurrent layer: a snapshot, or 0
         feed, out, q = tokens[keep:], [], []
         for _ in range(k):
             if must_recompute(self.model.config, self.cache[0].offset, len(feed)):

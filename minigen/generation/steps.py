@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..engine.cache import truncate
+from ..engine.cache import checkpoint, truncate
 from ..engine.cache import must_recompute
 from ..errors import MinigenError, OptionError, is_int, short
 from .options import Options, check_prompt
@@ -67,6 +67,8 @@ def generate_step(model, prompt_ids: Sequence[int], options: Options = Options()
             truncate(cache, 0)  # in place: a caller's cache stays the one in use
             ids = tokens
         logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
+        if n == 1:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
+            checkpoint(cache)
         if not np.isfinite(logits).all():  # NaN weights or eps would otherwise sample <unk> forever
             raise MinigenError(f"step {n}: the model's logits are not finite (NaN or infinity); the "
                                f"checkpoint's weights or config.json are likely corrupt")
@@ -118,6 +120,8 @@ def speculative_step(model, prompt_ids: Sequence[int], options: Options = Option
         draft, q = drafter.draft(tokens, room, sampler, processors, rng) if room > 0 else ([], None)
         while draft and must_recompute(model.config, offset, len(pending) + len(draft)):
             draft, q = draft[:-1], q and q[:-1]   # never across longrope's switch: its keys would differ
+        if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
+            checkpoint(cache)
         logits = forward_rows(model, pending + draft, cache, len(draft) + 1)         # (k + 1, V)
         if not np.isfinite(logits).all():
             raise MinigenError(f"step {n + 1}: the model's logits are not finite (NaN or infinity); the "
@@ -143,7 +147,7 @@ def speculative_step(model, prompt_ids: Sequence[int], options: Options = Option
                 raise
             if finish:
                 return
-        pending = [out[-1]]
+        pending = tokens[cache[0].offset:]   # [out[-1]]; after a recurrent layer's rollback, the kept tokens too
 
 
 def eos_token_ids(model) -> list[int]:

@@ -49,7 +49,7 @@ def head_items(text: str, cfg, flag: str = "--heads") -> list[tuple[int, int]]:
         m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
         if not m:
             raise MinigenError(f"{flag} {text!r}: expected LAYER.HEAD items like 18.6,17.4 (or 18.* for a whole layer)")
-        layer = index(int(m[1]), cfg.n_layers, "layer", flag)
+        layer = attention_layer(cfg, index(int(m[1]), cfg.n_layers, "layer", flag), flag)
         heads = range(cfg.n_heads) if m[2] == "*" else [index(int(m[2]), cfg.n_heads, "head", flag)]
         out += [(layer, h) for h in heads if (layer, h) not in out]
     return out
@@ -72,6 +72,29 @@ def layer_head(cfg, layer: int, head: int):
         raise MinigenError(f"--layer {layer} out of range (the model has {cfg.n_layers} layers: 0-{cfg.n_layers - 1})")
     if not 0 <= head < cfg.n_heads:
         raise MinigenError(f"--head {head} out of range (the model has {cfg.n_heads} heads: 0-{cfg.n_heads - 1})")
+    attention_layer(cfg, layer, "--layer")
+
+
+def attention_layers(cfg) -> list[int]:
+    """The layers that have attention (all, but in hybrids: Qwen3.5, LFM2, Granite 4.0-H)."""
+    return [i for i in range(cfg.n_layers) if cfg.has_attention(i)]
+
+
+def attention_layer(cfg, layer: int, flag: str) -> int:
+    """A layer that has heads; in hybrids a Gated DeltaNet, short conv or Mamba2 layer has none (its
+    whole output is the component "attn" of that layer)."""
+    if not cfg.has_attention(layer):
+        raise MinigenError(f"{flag}: layer {layer} has no attention (its token mixer is {cfg.mixer(layer)}); "
+                           f"the layers with attention are {ranges(attention_layers(cfg))}")
+    return layer
+
+
+def attention_selection(text: str | None, cfg, flag: str = "--attn-layers") -> list[int]:
+    """`selection` over the model's own layer indices, restricted to the layers with attention: by
+    default all of them; a layer without attention named explicitly is refused, saying what it is."""
+    if text is None or text.strip() in ("", "all"):
+        return attention_layers(cfg)
+    return [attention_layer(cfg, i, flag) for i in selection(text, cfg.n_layers, "layer", flag)]
 
 
 def position(tokens: list[str], spec: str | int | None, flag: str = "--token") -> int:

@@ -20,7 +20,8 @@ from ..files import OutputFile
 from . import dump as D
 from . import effects, lens, stats
 from .html import render_html
-from .args import head_items, layer_head, position, ranges, selection, vocab_token
+from .args import attention_selection, head_items, layer_head, position, ranges, selection, vocab_token
+from .recurrent import trace_recurrent
 from .internals import induction_probe, prompt_attention, trace_lines, value_norms
 
 
@@ -82,7 +83,7 @@ class Source:
 
 def from_prompt(model, tok, ids, attn_layers: str | None, attn_heads: str | None) -> Source:
     c = model.config
-    layers = selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    layers = attention_selection(attn_layers, c)
     heads = selection(attn_heads, c.n_heads, "head", "--attn-heads")
     record = prompt_attention(model, ids)
     return Source({l: record[l][heads] for l in layers}, heads, tok.token_strings(ids), np.asarray(ids), None,
@@ -160,8 +161,11 @@ def census(src: Source, exclude_first: bool = False, probed: dict | None = None)
     if probed is not None:
         probe_part = {"length": probed["n"], "prefix": [token_json(src.tokenizer, i) for i in probed["prefix"]], "descriptions": stats.PROBE_SCORES,
                       "scores": {k: v[layers][:, src.heads] for k, v in probed["scores"].items()}}
+    cfg = src.model.config if src.model is not None else None
+    without = {} if cfg is None else {l: cfg.mixer(l) for l in range(cfg.n_layers) if not cfg.has_attention(l)}
     return {"command": "attention", "view": "census", "source": src.subtitle, "tokens": src.tokens,
             "token_ids": src.ids, "layers": layers, "heads": src.heads, "exclude_first": exclude_first,
+            "without_attention": without,   # hybrids: layer -> its token mixer (Gated DeltaNet, short conv, Mamba2)
             "value_weighted": "value-weighted" in src.view, "stats": stats.census(src.layers, src.ids, exclude_first),
             "probe": probe_part}
 
@@ -222,7 +226,7 @@ def probe(model, tok, length: int | None, seed: int, first: str | None, attn_lay
           attn_heads: str | None = None) -> dict:
     """The induction probe: prefix + r + r, every score of stats.PROBE_SCORES, for the kept layers and heads."""
     c = model.config
-    layers = selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    layers = attention_selection(attn_layers, c)
     heads = selection(attn_heads, c.n_heads, "head", "--attn-heads")
     p = induction_probe(model, tok, length, seed, first)
     return {"command": "attention", "view": "probe", "length": p["n"], "seed": seed,
@@ -420,6 +424,10 @@ def dla(model, tok, ids, token: str | None, target: str | None, vs: str | None) 
 
 
 def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) -> dict:
+    cfg = model.config
+    if 0 <= layer < cfg.n_layers and not cfg.has_attention(layer):   # a recurrent layer: one token's step
+        i = position(tok.token_strings(ids), token)
+        return {**trace_recurrent(model, tok, ids, layer, head, i), "query": position_json(tok.token_strings(ids), i)}
     layer_head(model.config, layer, head)
     i = position(tok.token_strings(ids), token)
     lines, ok, steps = trace_lines(model, tok, ids, layer, head, i, limit=keys)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import MinigenError
 from ..files import OutputFile
-from .args import selection
+from .args import attention_selection, selection
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
 NOTE = ("rows are queries, columns keys; attention_tril_{l} holds each head's lower triangle in np.tril_indices(T) "
@@ -71,7 +71,7 @@ class Recorder:
         self.mats = {l: np.zeros((len(heads), capacity, capacity), self.dtype) for l in layers}
 
     def add(self, record: list[np.ndarray]):
-        q, S = record[0].shape[-2:]
+        q, S = next(r for r in record if r is not None).shape[-2:]   # None: a layer without attention
         if S - q > self.rows or S < self.rows + 1:  # a forward may recompute earlier rows (longrope's switch)
             raise MinigenError(f"attention record does not line up: {q} new rows against {S} keys after {self.rows} rows")
         self._ensure(S)
@@ -109,6 +109,7 @@ def make_meta(model, token_strings: list[str], layers: list[int], heads: list[in
         "n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
         "head_to_kv_head": head_kv_map(c.n_heads, c.n_kv_heads),
         "layers": layers, "heads": heads,
+        "mixers": [c.mixer(i) for i in range(c.n_layers)],   # each layer's token mixer; only attention is dumped
         "dtype": np.dtype(dtype).name,
         "tokens": token_strings,
         "final_token": None if final_token is None else {"id": int(final_token[0]), "text": final_token[1]},
@@ -190,7 +191,7 @@ class GenerationDump:
             raise MinigenError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
                                "for the prompt's attention alone use: minigen attention PROMPT --dump-attention OUT.npz")
         self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
-        self.layers = selection(layers, c.n_layers, "layer", "--attn-layers")
+        self.layers = attention_selection(layers, c)
         self.heads = selection(heads, c.n_heads, "head", "--attn-heads")
         self.dtype = parse_dtype(dtype)
         rows = len(self.prompt) + max(max_tokens - 1, 0)    # the last token gets no row

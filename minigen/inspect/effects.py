@@ -23,7 +23,7 @@ import numpy as np
 from ..engine import model as M
 from ..errors import MinigenError
 from ..generation.sampling import log_softmax
-from .args import index
+from .args import attention_layer, index
 from .hooks import Intervention, final_residual, layer_inputs, logits_of, mean, patch, resume, zero
 
 MODES = ("zero", "mean")
@@ -46,7 +46,7 @@ class Component:
 def every(kind: str, cfg) -> list[Component]:
     """Every component of a kind, in layer (then head) order: what a sweep goes through."""
     if kind == "heads":
-        return [Component("head", l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+        return [Component("head", l, h) for l in range(cfg.n_layers) if cfg.has_attention(l) for h in range(cfg.n_heads)]
     return [Component(kind, l) for l in range(cfg.n_layers)]
 
 
@@ -77,7 +77,8 @@ def ablated_logits(model, ids, heads, mode: str = "zero") -> np.ndarray:
 
 
 def _index_pair(cfg, layer: int, head: int) -> tuple[int, int]:
-    return index(int(layer), cfg.n_layers, "layer", "heads"), index(int(head), cfg.n_heads, "head", "heads")
+    layer = attention_layer(cfg, index(int(layer), cfg.n_layers, "layer", "heads"), "heads")
+    return layer, index(int(head), cfg.n_heads, "head", "heads")
 
 
 def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> dict:
@@ -164,6 +165,7 @@ def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str =
                                                         answer, wrong)
     if what == "heads":
         grid = [[measure(l, xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)]
+                if cfg.has_attention(l) else [float("nan")] * cfg.n_heads   # a layer without heads (hybrids)
                 for l in range(cfg.n_layers)]
     else:
         grid = [[_patch_position(what, l, q, p, (xc, clean), (xr, corrupt), measure, ld_corrupt) for q in range(T)]

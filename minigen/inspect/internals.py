@@ -153,7 +153,9 @@ def induction_probe(model, tok, n: int | None = None, seed: int = 0, first: str 
     if n < 2 or n > limit:
         raise MinigenError(f"--probe-length {n}: must be between 2 and {limit} for this model's context")
     ids = repeated_tokens(prefix, candidates, n, seed)
-    record = np.stack(prompt_attention(model, ids))                          # (L, H, T, T)
+    record = prompt_attention(model, ids)             # None for a layer without attention: NaN scores there
+    blank = np.full(next(r for r in record if r is not None).shape, np.nan, np.float32)
+    record = np.stack([blank if r is None else r for r in record])           # (L, H, T, T)
     return {"ids": ids, "n": n, "prefix": prefix, "scores": probe_scores(record, ids, n)}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .args import ranges
 from .stats import PROBE_SCORES, STAT_HELP, STATS, strongest
 
 KINDS = [  # (label, statistic, lowest?) for the "strongest heads" summary
@@ -54,6 +55,9 @@ def format_census(r: dict, n_best: int = 3) -> list[str]:
                             ("first token hidden, rows renormalised", r["exclude_first"])) if on]
     out = [f"census of {len(layers)} layers x {len(heads)} heads over {len(r['tokens'])} tokens"
            + (f" ({'; '.join(view)})" if view else "")]
+    without = r.get("without_attention") or {}
+    for mixer in sorted(set(without.values())):
+        out.append(f"layers without attention: {ranges(sorted(l for l, m in without.items() if m == mixer))} ({mixer})")
     widths = [max(9, len(c)) for c in cols]
     out.append("layer head " + " ".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
     for a, l in enumerate(layers):

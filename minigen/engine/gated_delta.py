@@ -1,0 +1,138 @@
+"""Gated DeltaNet (Qwen3.5's linear-attention layers): a causal conv, then the gated delta rule.
+
+Shape letters:
+    T  new tokens        D  hidden size        H  value heads        Hk  key heads (H = Hk · G)
+    dk key head dim      dv value head dim     C  chunk length (64)  N  chunks
+
+Each value head keeps a matrix S (dk, dv) instead of a growing K/V cache. Per token, with
+α = exp(g) ∈ (0, 1) the gate (decay) and β ∈ (0, 1) the write strength (Yang, Kautz & Hatamizadeh
+2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule", eq. 10, in the row-vector form
+transformers uses):
+
+    S_t = α_t S_{t-1} + β_t k_t (v_t - α_t S_{t-1}ᵀ k_t)ᵀ   — decay, then correct what S predicts for k_t
+    o_t = S_tᵀ q_t
+
+with q and k L2-normalised per head and q scaled by 1/√dk. Decode runs this one step at a time
+(`recurrent_step`: O(dk dv) per head, flat in the context). A prompt runs it in chunks of C tokens
+(`chunked`, the WY/UT form of Yang et al. 2024 "Parallelizing Linear Transformers with the Delta Rule
+over Sequence Length", as transformers' `torch_chunk_gated_delta_rule` writes it): inside a chunk the
+C updates are one triangular solve and a few matrix products, and S passes from chunk to chunk.
+The two are the same recurrence computed in different orders; they agree to ~1e-6.
+
+The layer around it (`gated_deltanet`): one fused input projection gives q, k, v (through the
+conv, k = 4, and SiLU), z (the output gate), b (β = sigmoid b) and a (g = -exp(A_log) · softplus(a +
+dt_bias)); the heads' outputs go through a gated RMSNorm, rms_norm(o) · w · silu(z), and out_proj.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from . import parallel
+from .layers import silu
+from .short_conv import causal_conv
+
+CHUNK = 64  # transformers' chunk_size; the chunked form is exact for any C, this one matches its rounding
+
+
+def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """x / sqrt(Σx² + eps) over the last axis (FLA's and transformers' form)."""
+    return x / np.sqrt(np.square(x).sum(-1, keepdims=True) + np.float32(eps))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(0.5) * (np.tanh(x * np.float32(0.5)) + np.float32(1))   # no overflow for large |x|
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + eᕽ), as torch computes it: x itself past 20."""
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)
+
+
+def recurrent_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                   state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One token per head: q, k (H, dk) normed and q scaled, v (H, dv), g and beta (H,), state (H, dk, dv).
+    Returns o (H, dv) and the new state."""
+    state = state * np.exp(g)[:, None, None]                                 # (H, dk, dv): α S
+    predicted = np.einsum("hk,hkv->hv", k, state)                            # (H, dv): what S says for k
+    delta = (v - predicted) * beta[:, None]                                  # (H, dv)
+    state += k[:, :, None] * delta[:, None, :]                               # (H, dk, dv)
+    return np.einsum("hk,hkv->hv", q, state), state                          # (H, dv)
+
+
+def chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+            state: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """The same recurrence over T tokens: q, k (H, T, dk) normed and q scaled, v (H, T, dv), g and beta
+    (H, T), state (H, dk, dv). Returns o (H, T, dv) and the state after the last token. The heads are
+    independent: they go in groups to parallel threads (parallel.by_heads)."""
+    return parallel.by_heads(partial(chunked_heads, chunk=chunk), q, k, v, g, beta, state)
+
+
+def chunked_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                  state: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """`chunked` for some of the heads, on one thread."""
+    H, T, dk = k.shape
+    pad = (-T) % chunk     # padded positions have k = v = 0 and g = 0: they change nothing
+    q, k, v = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
+    g, beta = (np.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
+    n = (T + pad) // chunk
+    q, k, v = (a.reshape(H, n, chunk, -1) for a in (q, k, v))               # (H, N, C, d)
+    cum = g.reshape(H, n, chunk).cumsum(-1)                                  # (H, N, C): log of α_1 … α_t
+    k_beta = k * beta.reshape(H, n, chunk, 1)
+    v_beta = v * beta.reshape(H, n, chunk, 1)
+    below = np.tril(np.ones((chunk, chunk), bool))                           # j <= i
+    decay = np.where(below, np.exp(np.where(below, cum[..., :, None] - cum[..., None, :], 0)), 0)  # (H, N, C, C)
+    # the UT transform: the chunk's C delta-rule writes as one unit-lower-triangular system
+    system = np.tril(k_beta @ k.swapaxes(-1, -2) * decay, -1) + np.eye(chunk, dtype=np.float32)
+    rhs = np.concatenate([v_beta, k_beta * np.exp(cum)[..., None]], axis=-1)  # (H, N, C, dv + dk)
+    solved = np.linalg.solve(system, rhs).astype(np.float32)
+    u, w = solved[..., :v.shape[-1]], solved[..., v.shape[-1]:]              # (H, N, C, dv), (H, N, C, dk)
+    intra = (q @ k.swapaxes(-1, -2)) * decay                                 # (H, N, C, C), causal
+    q_decayed = q * np.exp(cum)[..., None]                                   # reads the state at the chunk start
+    k_decayed = k * np.exp(cum[..., -1:] - cum)[..., None]                   # writes, decayed to the chunk end
+    chunk_decay = np.exp(cum[..., -1])[..., None, None]                      # (H, N, 1, 1)
+    out = np.empty((H, n, chunk, v.shape[-1]), np.float32)
+    state = state.astype(np.float32, copy=True)
+    for i in range(n):      # N = T / 64 steps; each is a few (C, d) matrix products per head
+        v_new = u[:, i] - w[:, i] @ state                                    # (H, C, dv): the corrections
+        out[:, i] = q_decayed[:, i] @ state + intra[:, i] @ v_new
+        state = state * chunk_decay[:, i] + k_decayed[:, i].swapaxes(-1, -2) @ v_new
+    return out.reshape(H, n * chunk, -1)[:, :T], state
+
+
+def gated_rms_norm(x: np.ndarray, z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm(x) · w · silu(z) over the last axis (Qwen3_5RMSNormGated: norm, then gate)."""
+    ms = np.square(x).mean(-1, keepdims=True)
+    return x / np.sqrt(ms + np.float32(eps)) * w * silu(z)
+
+
+def gated_deltanet(x: np.ndarray, tail: np.ndarray, state: np.ndarray, p: dict, m) -> tuple:
+    """The layer on x (T, D), already normed: what it adds to the residual stream (T, D), the conv's
+    new tail (K-1, 2 Hk dk + H dv) and the new state (H, dk, dv). `m` holds the sizes (a Config's
+    `linear` settings: key_heads, value_heads, key_dim, value_dim, eps). p: w_in (2 Hk dk + 2 H dv + 2H, D)
+    = in_proj_qkv, in_proj_z, in_proj_b, in_proj_a stacked; conv_w (2 Hk dk + H dv, K); A_log, dt_bias (H,);
+    gate_norm (dv,); w_out (D, H dv)."""
+    T = len(x)
+    Hk, H, dk, dv = m.key_heads, m.value_heads, m.key_dim, m.value_dim
+    n_qkv = 2 * Hk * dk + H * dv
+    proj = x @ p["w_in"].T                                                   # (T, n_qkv + H dv + 2H)
+    qkv, tail = causal_conv(proj[:, :n_qkv], tail, p["conv_w"])              # (T, n_qkv)
+    qkv = silu(qkv)
+    z = proj[:, n_qkv:n_qkv + H * dv].reshape(T, H, dv)
+    beta = sigmoid(proj[:, n_qkv + H * dv:n_qkv + H * dv + H])               # (T, H)
+    g = -np.exp(p["A_log"]) * softplus(proj[:, n_qkv + H * dv + H:] + p["dt_bias"])   # (T, H), log α <= 0
+    q = l2norm(qkv[:, :Hk * dk].reshape(T, Hk, dk))
+    k = l2norm(qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk))
+    v = qkv[:, 2 * Hk * dk:].reshape(T, H, dv)
+    q *= np.float32(dk ** -0.5)
+    if H != Hk:  # value head h reads key head h // G (transformers' repeat_interleave)
+        q, k = np.repeat(q, H // Hk, axis=1), np.repeat(k, H // Hk, axis=1)  # (T, H, dk)
+    if T == 1:
+        o, state = recurrent_step(q[0], k[0], v[0], g[0], beta[0], state)
+        o = o[None]                                                          # (1, H, dv)
+    else:
+        o, state = chunked(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T, state)
+        o = o.transpose(1, 0, 2)                                             # (T, H, dv)
+    o = gated_rms_norm(o, z, p["gate_norm"], m.eps)                          # (T, H, dv)
+    return o.reshape(T, H * dv) @ p["w_out"].T, tail, state

@@ -1,0 +1,55 @@
+"""Causal depthwise convolution, and LFM2's gated short convolution built on it.
+
+Shape letters:
+    T  new tokens        C  channels        K  kernel length        D  hidden size
+
+A causal depthwise convolution mixes each channel with its own K - 1 predecessors:
+
+    y[t, c] = b[c] + Σ_{j<K} w[c, j] · x[t + j - (K - 1), c]          (x before the prompt is 0)
+
+which is torch's `Conv1d(groups=C, padding=K-1)` cut to the first T outputs, as transformers runs it.
+The state it carries from one forward to the next is the last K - 1 inputs (the "tail"), so a prompt
+fed in pieces convolves exactly like one piece, and a decode step costs K multiply-adds per channel.
+Gated DeltaNet (gated_delta.py) and Mamba2 (ssm.py) run their q/k/v or x/B/C through it.
+
+LFM2's short convolution (Liquid AI, "LFM2 Technical Report", 2025) gates the convolution on both sides:
+
+    B, C, x̃ = split(in_proj(x))         y = out_proj(C ⊙ conv(B ⊙ x̃))
+
+with K = conv_L_cache (3 in the published checkpoints) and no activation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def causal_conv(x: np.ndarray, tail: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """x (T, C) the new inputs, tail (K-1, C) the inputs before them (zeros before the first), w (C, K)
+    torch's depthwise weight with its singleton axis dropped, b (C,) or None. Returns y (T, C) and the
+    new tail (K-1, C), the last K-1 inputs."""
+    T, K = len(x), w.shape[1]
+    xs = np.concatenate([tail, x])                                           # (K-1+T, C): xs[i] = x[i-(K-1)]
+    y = xs[:T] * w[:, 0]                                                     # (T, C)
+    for j in range(1, K):   # K is 3 or 4: a few whole-array multiply-adds, no Python loop over tokens
+        y += xs[j:j + T] * w[:, j]
+    if b is not None:
+        y += b
+    return y, xs[len(xs) - (K - 1):].copy()                                  # (K-1, C)
+
+
+def short_conv(x: np.ndarray, tail: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """LFM2's mixer on x (T, D), already normed: what it adds to the residual stream (T, D), and the
+    convolution's new tail (K-1, D). p: w_in (3D, D), conv_w (D, K), w_out (D, D), and with
+    conv_bias b_in, conv_b, b_out."""
+    bcx = x @ p["w_in"].T                                                    # (T, 3D)
+    if "b_in" in p:
+        bcx += p["b_in"]
+    D = bcx.shape[1] // 3
+    gated = bcx[:, :D] * bcx[:, 2 * D:]                                      # (T, D): B ⊙ x̃
+    y, tail = causal_conv(gated, tail, p["conv_w"], p.get("conv_b"))         # (T, D)
+    y *= bcx[:, D:2 * D]                                                     # C ⊙ conv(...)
+    out = y @ p["w_out"].T                                                   # (T, D)
+    if "b_out" in p:
+        out += p["b_out"]
+    return out, tail
