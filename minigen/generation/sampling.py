@@ -63,19 +63,32 @@ def categorical(logprobs: np.ndarray, rng: np.random.Generator) -> int:
 
 def make_sampler(temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Sampler:
     """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters.
-    The values are trusted: generate.Options.check validates a run's options, once."""
+    The values are trusted: generate.Options.check validates a run's options, once. Its attribute
+    `distribution` maps the same input to the normalised log-probs (V,) that the draw is made from."""
     if temp == 0:
-        return lambda logprobs, rng: int(np.argmax(logprobs))
+        sample = lambda logprobs, rng: int(np.argmax(logprobs))  # noqa: E731
+        sample.distribution = certain
+        return sample
     k, p, mp = top_k, top_p, min_p  # the names above are shadowed by the arguments
 
-    def sample(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+    def weights(logprobs: np.ndarray) -> np.ndarray:
         # Shift before dividing: the best token stays at exactly 0, so a temperature as small as 1e-40
         # sends the others to -inf (greedy) instead of overflowing to inf - inf = NaN.
         lp = log_softmax((logprobs - np.max(logprobs)) / np.float32(temp))
-        lp = _filters(lp, k, p, mp)
-        return categorical(lp, rng)
+        return _filters(lp, k, p, mp)          # unnormalised: the filters' -inf outside
 
+    def sample(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+        return categorical(weights(logprobs), rng)
+
+    sample.distribution = lambda logprobs: log_softmax(weights(logprobs))
     return sample
+
+
+def certain(logprobs: np.ndarray) -> np.ndarray:
+    """Greedy's distribution: log-prob 0 at the argmax, -inf elsewhere."""
+    out = np.full(logprobs.shape, -np.inf, np.float32)
+    out[int(np.argmax(logprobs))] = 0.0
+    return out
 
 
 def _filters(lp: np.ndarray, k: int, p: float, mp: float) -> np.ndarray:
