@@ -316,12 +316,25 @@ def generation_options(command):
 @click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
 @click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
-def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **options):
+@click.option("--logprobs", "logprobs", type=click.IntRange(min=0), metavar="K",
+              help="Print each token's log-prob and the K most likely alternatives instead of the text (docs/scores.md).")
+@click.option("--logprobs-of", type=click.Choice(["model", "sampled"]), default="model", show_default=True,
+              help="--logprobs of the raw model distribution, or of the one sampled from (after the filters).")
+@click.option("--json", "as_json", is_flag=True, help="With --logprobs: one JSON object per token, then the figures.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, logprobs, logprobs_of, as_json,
+             **options):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     dump = pop_dump_options(options)  # --dump-attention & co: see the attention section (issue 5)
+    if logprobs is None and (as_json or logprobs_of != "model"):
+        raise click.UsageError("--json and --logprobs-of go with --logprobs K")
+    if logprobs is not None and dump is not None:
+        raise click.UsageError("--logprobs and --dump-attention cannot be combined; run them separately")
     text = read_prompt(prompt, prompt_opt, file)
     model, tokenizer, load_seconds = load_model(model_path)
     run = build_run(model, tokenizer, text, chat, system, record_attention=dump is not None, **options)
+    if logprobs is not None:
+        from .scores import print_logprobs_run
+        sys.exit(print_logprobs_run(run, load_seconds, logprobs, logprobs_of == "sampled", as_json, quiet, verbose))
     if dump is not None:
         sys.exit(generate_with_dump(run, load_seconds, quiet, verbose, dump))
     sys.exit(print_run(run, load_seconds, quiet, verbose))
@@ -826,3 +839,6 @@ def trace(prompt, model_path, chat, as_json, layer, head, token_spec, keys, seed
     _emit(result, as_json, lambda r: r["lines"])
     if not result["matches_model"]:
         raise MinigenError("the trace does not match the model's own head output")
+
+
+from . import scores as _scores  # noqa: E402,F401 -- registers `score` and `perplexity` (issue 21)
