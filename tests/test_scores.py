@@ -112,7 +112,7 @@ def test_windows_refuse_short_texts_and_bad_strides():
 
 def saved(model, ids, ctx, stride=None, k=S.TOP_K):
     buf = io.BytesIO()
-    w = S.LogitsWriter(buf, ids, ctx, stride, None, model.config.vocab_size, "test", k)
+    w = S.LogitsWriter(buf, "test", k)
     r = S.perplexity(model, ids, ctx, stride, save=w)
     return r, buf.getvalue()
 

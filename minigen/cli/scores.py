@@ -187,13 +187,14 @@ def _print_text(tok, scored, k: int, as_json: bool):
               help="Tokens per window (at most the model's context).")
 @click.option("--stride", type=click.IntRange(min=1),
               help="Sliding windows every STRIDE tokens (the transformers guide) instead of llama-perplexity's chunks.")
+@click.option("--chunks", type=click.IntRange(min=1), help="Score only the first N windows (llama-perplexity's --chunks).")
 @click.option("--save-logits", "save_path", metavar="OUT",
               help="Keep this model's distributions (top-32 + the rest's mass) for a later --kl-base.")
 @click.option("--kl-base", "base_path", type=click.Path(exists=True, dir_okay=False),
               help="Compare with a base model's --save-logits file: KL divergence, top-1 agreement, Δ perplexity.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields: docs/scores.md).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def perplexity(file, model_path, ctx, stride, save_path, base_path, as_json, quiet):
+def perplexity(file, model_path, ctx, stride, chunks, save_path, base_path, as_json, quiet):
     """Perplexity of a text file, window by window, as llama-perplexity computes it (or --stride).
 
     \b
@@ -218,9 +219,9 @@ def perplexity(file, model_path, ctx, stride, save_path, base_path, as_json, qui
         bos = S.added_bos(tok)
         ids = tok.encode(text)
         f = stack.enter_context(open(out.tmp, "wb")) if out else None
-        writer = S.LogitsWriter(f, ids, ctx, stride, bos, model.config.vocab_size, str(model.path)) if f else None
+        writer = S.LogitsWriter(f, str(model.path)) if f else None
         bar = None if quiet else ProgressBar(sys.stderr)
-        result = S.perplexity(model, ids, ctx, stride, bos, writer, base, bar.update if bar else None)
+        result = S.perplexity(model, ids, ctx, stride, bos, writer, base, bar.update if bar else None, chunks)
         if bar:
             bar.close()
         if f:

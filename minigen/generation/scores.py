@@ -181,17 +181,21 @@ def stride_windows(tokens: np.ndarray, n_ctx: int, stride: int) -> list[Window]:
     return out
 
 
-def windows_for(tokens: np.ndarray, n_ctx: int, stride: int | None, bos: int | None) -> list[Window]:
+def windows_for(tokens: np.ndarray, n_ctx: int, stride: int | None, bos: int | None,
+                chunks: int | None = None) -> list[Window]:
+    """The windows of either method (`chunks`: only the first ones, as llama-perplexity's --chunks)."""
     if n_ctx < 2:
         raise MinigenError(f"--ctx {n_ctx}: a window needs at least 2 tokens")
     if len(tokens) < n_ctx:
         raise MinigenError(f"the text is {len(tokens)} tokens, shorter than one window of {n_ctx} (--ctx); "
                            f"give a longer text or a smaller --ctx")
+    if chunks is not None and chunks < 1:
+        raise MinigenError(f"--chunks {chunks}: should be at least 1")
     if stride is None:
-        return llama_windows(tokens, n_ctx, bos)
+        return llama_windows(tokens, n_ctx, bos)[:chunks]
     if not 1 <= stride <= n_ctx:
         raise MinigenError(f"--stride {stride}: should be between 1 and --ctx ({n_ctx})")
-    return stride_windows(tokens, n_ctx, stride)
+    return stride_windows(tokens, n_ctx, stride)[:chunks]
 
 
 @dataclass
@@ -235,15 +239,20 @@ def ppl_error(s: float, s2: float, n: int) -> float:
 
 def perplexity(model, tokens: Sequence[int], n_ctx: int, stride: int | None = None, bos: int | None = None,
                save: "LogitsWriter | None" = None, base: "BaseLogits | None" = None,
-               on_window: Callable[[Progress], None] | None = None, chunk: int = CHUNK) -> Result:
+               on_window: Callable[[Progress], None] | None = None, chunks: int | None = None,
+               chunk: int = CHUNK) -> Result:
     """Perplexity of `tokens` (the whole text, tokenized once) by llama-perplexity's method, or by the
     transformers guide's sliding windows with `stride`. `save` keeps each scored position's distribution
     for a later `base`, against which KL divergence and top-1 agreement are measured."""
     tokens = np.asarray(tokens, dtype=np.int64)
     check_length(model, n_ctx)
-    windows = windows_for(tokens, n_ctx, stride, bos)
+    windows = windows_for(tokens, n_ctx, stride, bos, chunks)
+    fields = _header_fields(tokens, n_ctx, stride, bos, sum(len(w.ids) - 1 - w.first for w in windows),
+                            model.config.vocab_size)
     if base is not None:
-        base.check(tokens, n_ctx, stride, bos, sum(len(w.ids) - 1 - w.first for w in windows), model.config.vocab_size)
+        base.check(fields)
+    if save is not None:
+        save.start(fields)
     nll, kld, same, s, s2, pos = [], [], 0, 0.0, 0.0, 0
     for n, w in enumerate(windows, 1):
         p = w.first
@@ -293,17 +302,18 @@ def record_dtype(k: int) -> np.dtype:
 
 
 class LogitsWriter:
-    """Writes a base model's distributions into an open binary file, position after position."""
+    """Writes a base model's distributions into an open binary file, position after position;
+    `perplexity` starts it with what the run was (the text's hash, the windows)."""
 
-    def __init__(self, f, tokens, n_ctx: int, stride: int | None, bos: int | None, vocab: int, model: str,
-                 k: int = TOP_K):
-        windows = windows_for(np.asarray(tokens), n_ctx, stride, bos)
-        count, k = sum(len(w.ids) - 1 - w.first for w in windows), min(k, vocab)
-        header = {"format": "minigen-logits", "version": 1, "top_k": k, "model": model,
-                  **_header_fields(np.asarray(tokens), n_ctx, stride, bos, count, vocab)}
+    def __init__(self, f, model: str, k: int = TOP_K):
+        self.f, self.model, self.k = f, model, k
+
+    def start(self, fields: dict):
+        self.k = min(self.k, fields["vocab"])
+        header = {"format": "minigen-logits", "version": 1, "top_k": self.k, "model": self.model, **fields}
         raw = json.dumps(header).encode()
-        f.write(MAGIC + len(raw).to_bytes(8, "little") + raw)
-        self.f, self.k, self.dtype = f, k, record_dtype(k)
+        self.f.write(MAGIC + len(raw).to_bytes(8, "little") + raw)
+        self.dtype = record_dtype(self.k)
 
     def write(self, rows: np.ndarray, target_lp: np.ndarray):
         rec = np.zeros(len(rows), self.dtype)
@@ -354,13 +364,13 @@ class BaseLogits:
                                f"{offset + count * dtype.itemsize} for {count} positions (cut short or damaged)")
         self.records = np.memmap(self.path, dtype, "r", offset, (count,))
 
-    def check(self, tokens, n_ctx: int, stride: int | None, bos: int | None, count: int, vocab: int):
+    def check(self, want: dict):
         """MinigenError unless this file was made on the same text, tokens and windows."""
-        want = _header_fields(np.asarray(tokens), n_ctx, stride, bos, count, vocab)
-        for key in ("ctx", "stride", "n_tokens", "tokens_sha256", "bos", "vocab"):
+        for key in ("ctx", "stride", "n_tokens", "tokens_sha256", "bos", "vocab", "positions"):
             if self.header.get(key) != want[key]:
                 flag = {"ctx": "--ctx", "stride": "--stride"}.get(key)
-                hint = f" (give {flag} {self.header.get(key)})" if flag and self.header.get(key) is not None else ""
+                hint = (f" (give {flag} {self.header.get(key)})" if flag and self.header.get(key) is not None else
+                        " (give the same --chunks)" if key == "positions" else "")
                 raise MinigenError(f"--kl-base {self.path}: made with {key} {self.header.get(key)}, this run has "
                                    f"{want[key]}{hint}; the base must be scored on the same text and windows")
 
