@@ -70,16 +70,19 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int)
     ap.add_argument("--work", type=Path, default=Path("/tmp/minigen-ppl"))
+    ap.add_argument("--reuse-base", action="store_true",
+                    help="keep the base's files in --work from an earlier run (the base's row is then not printed)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     mg_base, ll_base = a.work / f"{a.base.stem}.minigen.logits", a.work / f"{a.base.stem}.llama.kld"
     rows = []
     start = time.perf_counter()
-    m = minigen(a.text, a.base, a.ctx, a.chunks, "--save-logits", mg_base)
-    ll = llama(a.text, a.base, a.ctx, a.chunks, "--kl-divergence-base", ll_base)
-    rows.append((a.base.name, m, ll))
-    print(f"{a.base.name}: minigen {m['ppl']:.4f} ± {m['ppl_se']:.4f}, llama-perplexity {ll.get('ppl')} "
-          f"({100 * (m['ppl'] / ll['ppl'] - 1):+.3f} %) [{time.perf_counter() - start:.0f} s]", file=sys.stderr)
+    if not (a.reuse_base and mg_base.is_file() and ll_base.is_file()):
+        m = minigen(a.text, a.base, a.ctx, a.chunks, "--save-logits", mg_base)
+        ll = llama(a.text, a.base, a.ctx, a.chunks, "--kl-divergence-base", ll_base)
+        rows.append((a.base.name, m, ll))
+        print(f"{a.base.name}: minigen {m['ppl']:.4f} ± {m['ppl_se']:.4f}, llama-perplexity {ll.get('ppl')} "
+              f"({100 * (m['ppl'] / ll['ppl'] - 1):+.3f} %) [{time.perf_counter() - start:.0f} s]", file=sys.stderr)
     for other in a.others:
         m = minigen(a.text, other, a.ctx, a.chunks, "--kl-base", mg_base)
         ll = llama(a.text, other, a.ctx, a.chunks, "--kl-divergence-base", ll_base, "--kl-divergence")

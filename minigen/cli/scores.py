@@ -19,9 +19,9 @@ def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _num(x: float | None, digits: int = 4):
-    """A float for JSON, rounded (log-probs are float32: more digits say nothing); -inf as null."""
-    return None if x is None or not math.isfinite(x) else round(float(x), 6 if digits > 4 else digits + 2)
+def _num(x: float | None):
+    """A log-prob for JSON, rounded to 6 decimals (float32: more digits say nothing); -inf as null."""
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
 # --- generate --logprobs K -----------------------------------------------------------------------
@@ -29,8 +29,8 @@ def _num(x: float | None, digits: int = 4):
 def logprob_entry(tokenizer, step, k: int, sampled: bool) -> dict:
     """One generated token as --json prints it: {"token", "id", "logprob", "top": [...]}."""
     lp, top = (step.logprob, step.top_logprobs(k)) if sampled else (step.model_logprob, step.model_top_logprobs(k))
-    return {"token": tokenizer.decode([step.token]), "id": step.token, "logprob": _num(lp, 6),
-            "top": [{"token": tokenizer.decode([i]), "id": i, "logprob": _num(v, 6)} for i, v in top]}
+    return {"token": tokenizer.decode([step.token]), "id": step.token, "logprob": _num(lp),
+            "top": [{"token": tokenizer.decode([i]), "id": i, "logprob": _num(v)} for i, v in top]}
 
 
 def logprob_line(entry: dict) -> str:
@@ -100,8 +100,8 @@ def _with_text(tokenizer, tokens):
 
 
 def _token_json(t) -> dict:
-    return {"token": t.text, "id": t.id, "logprob": _num(t.logprob, 6), "rank": t.rank,
-            "top": [{"token": s, "id": i, "logprob": _num(v, 6)} for (i, v), (s, _) in zip(t.top, t.top_text)]}
+    return {"token": t.text, "id": t.id, "logprob": _num(t.logprob), "rank": t.rank,
+            "top": [{"token": s, "id": i, "logprob": _num(v)} for (i, v), (s, _) in zip(t.top, t.top_text)]}
 
 
 @main.command()
@@ -123,6 +123,8 @@ def score(prompt, model_path, file, answers, top_k, chat, as_json):
     """
     from ..generation import scores as S
     from ..generation.steps import prompt_ids
+    if (prompt is None) == (file is None):
+        raise click.UsageError("give the text once: PROMPT (- reads stdin) or -f/--file")
     text = read_prompt(prompt, None, file)
     if chat and not answers:
         raise click.UsageError("--chat renders a prompt for --answer; a whole text is scored as it is")
@@ -149,7 +151,7 @@ def _print_answers(tok, n_prompt: int, results: list[dict], k: int, as_json: boo
         _with_text(tok, r["tokens"])
     if as_json:
         click.echo(_dumps({"command": "score", "prompt_tokens": n_prompt, "answers": [
-            {"answer": r["answer"], "ids": r["ids"], "logprob": _num(r["logprob"], 6), "prob": math.exp(r["logprob"]),
+            {"answer": r["answer"], "ids": r["ids"], "logprob": _num(r["logprob"]), "prob": math.exp(r["logprob"]),
              "first_rank": r["first_rank"], "tokens": [_token_json(t) for t in r["tokens"]]} for r in results]}))
         return
     click.echo(f"prompt: {n_prompt} tokens")
@@ -168,7 +170,7 @@ def _print_text(tok, scored, k: int, as_json: bool):
     n = sum(t.logprob is not None for t in tokens)
     if as_json:
         click.echo(_dumps({"command": "score", "tokens": [_token_json(t) for t in tokens],
-                           "logprob": _num(scored.total, 6), "scored_tokens": n,
+                           "logprob": _num(scored.total), "scored_tokens": n,
                            "perplexity": math.exp(-scored.total / n)}))
         return
     click.echo(f"{'logprob':>9}  {'rank':>6}  {'token':<18}" + (f" | top {k}" if k else ""))
