@@ -272,7 +272,7 @@ def _print_perplexity(r, file: str, save_path: str | None, as_json: bool):
     if save_path:
         click.echo(f"saved the distributions of {r.count} positions to {save_path}", err=True)
     if r.kl:
-        k = r.kl
+        k = {key: (0.0 if isinstance(v, float) and abs(v) < 5e-7 else v) for key, v in r.kl.items()}  # no "-0.000000"
         rows = [
             ("Mean PPL(Q)", f"{k['ppl']:.6f}"), ("Mean PPL(base)", f"{k['ppl_base']:.6f}"),
             ("Mean PPL(Q)/PPL(base)", f"{k['ppl_ratio']:.6f}"), ("Mean PPL(Q)-PPL(base)", f"{k['ppl_diff']:.6f}"),
