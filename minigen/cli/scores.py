@@ -10,7 +10,7 @@ import time
 import click
 
 from ..errors import MiB, MinigenError, decode_utf8, read_bounded
-from . import MODEL_HELP, load_model, main, read_prompt
+from .harness import Command, load_timed, model_option, read_prompt
 
 TEXT_LIMIT = 64 * MiB  # bytes of text perplexity reads (wikitext-2's test set is 1.3 MB)
 
@@ -43,7 +43,7 @@ def print_logprobs_run(run, load_seconds: float, k: int, sampled: bool, as_json:
                        verbose: bool) -> int:
     """generate --logprobs K: one line (or JSON object) per generated token as it comes, then the figures
     (with --json: one more object, on stdout). The EOS that ends a run is not text, and not listed."""
-    from . import figures
+    from .run import figures
     steps = []
     run.on_step.append(steps.append)
     code, text = 0, []
@@ -104,9 +104,9 @@ def _token_json(t) -> dict:
             "top": [{"token": s, "id": i, "logprob": _num(v)} for (i, v), (s, _) in zip(t.top, t.top_text)]}
 
 
-@main.command()
+@click.command(cls=Command)
 @click.argument("prompt", required=False)
-@click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)
+@model_option
 @click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), help="Score this file's text.")
 @click.option("--answer", "answers", multiple=True, metavar="TEXT",
               help="Score TEXT as the continuation of PROMPT (repeatable: each answer alone).")
@@ -128,7 +128,8 @@ def score(prompt, model_path, file, answers, top_k, chat, as_json):
     text = read_prompt(prompt, None, file)
     if chat and not answers:
         raise click.UsageError("--chat renders a prompt for --answer; a whole text is scored as it is")
-    model, tok, _ = load_model(model_path)
+    loaded = load_timed(model_path)
+    model, tok = loaded.model, loaded.tokenizer
     if answers:
         ids = prompt_ids(tok, text, chat=chat)
         k = 5 if top_k is None else top_k
@@ -182,9 +183,9 @@ def _print_text(tok, scored, k: int, as_json: bool):
 
 # --- perplexity ------------------------------------------------------------------------------------
 
-@main.command()
+@click.command(cls=Command)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)
+@model_option
 @click.option("-c", "--ctx", type=click.IntRange(min=2), default=512, show_default=True,
               help="Tokens per window (at most the model's context).")
 @click.option("--stride", type=click.IntRange(min=1),
@@ -214,7 +215,8 @@ def perplexity(file, model_path, ctx, stride, chunks, save_path, base_path, as_j
     with ExitStack() as stack:
         out = stack.enter_context(OutputFile(save_path, "logits file")) if save_path else None
         base = S.BaseLogits(base_path) if base_path else None
-        model, tok, _ = load_model(model_path)
+        loaded = load_timed(model_path)
+        model, tok = loaded.model, loaded.tokenizer
         if ctx > model.config.max_position_embeddings:
             raise click.BadParameter(f"{ctx} is larger than the model's context ({model.config.max_position_embeddings})",
                                      param_hint="--ctx")
