@@ -9,9 +9,14 @@ import pytest
 import minigen
 from conftest import FIXTURES, FIXTURES_DIR, load_reference
 from minigen.generation.sampling import make_sampler
-from minigen.generation.steps import run, top_entries
+from minigen.generation.options import Options
+from minigen.generation.steps import Run, prompt_ids, top_entries
 
 NAMES = sorted(FIXTURES)
+
+
+def run(model, tok, prompt, **options):
+    return Run(model, tok, prompt_ids(tok, prompt), Options.of(**options))
 
 
 @lru_cache(maxsize=None)
