@@ -4,6 +4,7 @@
     logits = model.logits(tokenizer.encode("Hello"))                # (T, vocab) float32
     text = minigen.generate(model, tokenizer, "Hello", max_tokens=20)  # or minigen.stream(...) for pieces
     texts = minigen.generate_batch(model, tokenizer, ["Hello", "Bonjour"], max_tokens=20)  # one batch
+    minigen.score(model, tokenizer, "Hello world").logprobs           # each token's log-prob (the first: None)
 
 The public names load on first use (PEP 562), so `import minigen.cli` imports nothing heavy before the
 CLI can catch a Ctrl-C (cli/__init__.py).
@@ -13,9 +14,10 @@ import os
 # Before NumPy loads OpenBLAS: its idle threads then spin ~1.5 ms after a call, not ~0.1 s (parallel.py).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
-__all__ = ["load", "Model", "MinigenError", "generate", "stream", "generate_batch"]
+__all__ = ["load", "Model", "MinigenError", "generate", "stream", "generate_batch", "score"]
 _WHERE = {"load": "checkpoint.resolve", "Model": "engine.model", "MinigenError": "errors",
-          "generate": "generation.steps", "stream": "generation.steps", "generate_batch": "generation.batch"}
+          "generate": "generation.steps", "stream": "generation.steps", "generate_batch": "generation.batch",
+          "score": "generation.scores"}
 
 
 def __getattr__(name: str):

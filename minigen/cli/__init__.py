@@ -14,7 +14,7 @@ import sys
 try:
     import click
 
-    from . import chat, inspect, run
+    from . import chat, inspect, run, scores
     from .harness import Group
 except KeyboardInterrupt:
     try:
@@ -31,5 +31,5 @@ def main():
 
 
 for command in (run.generate, run.info, chat.chat, run.convert, inspect.attention, inspect.ablate, inspect.patch,
-                inspect.lens, inspect.dla, inspect.trace):
+                inspect.lens, inspect.dla, inspect.trace, scores.score, scores.perplexity):
     main.add_command(command)

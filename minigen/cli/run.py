@@ -65,9 +65,19 @@ def run_options(name: str):
 @click.option("--batch", "batch_file", type=click.Path(exists=True, dir_okay=False),
               help="Generate for every prompt of FILE (one a line, or JSONL objects with a \"prompt\" and options), "
                    "in one batch; JSONL results on stdout in input order.")
-def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, draft_path, batch_file, **flags):
+@click.option("--logprobs", type=click.IntRange(min=0), metavar="K",
+              help="Print each token's log-prob and the K most likely alternatives instead of the text (docs/scores.md).")
+@click.option("--logprobs-of", type=click.Choice(["model", "sampled"]), default="model", show_default=True,
+              help="--logprobs of the raw model distribution, or of the one sampled from (after the filters).")
+@click.option("--json", "as_json", is_flag=True, help="With --logprobs: one JSON object per token, then the figures.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, draft_path, batch_file, logprobs,
+             logprobs_of, as_json, **flags):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     from ..generation.steps import Run, prompt_ids
+    if logprobs is None and (as_json or logprobs_of != "model"):
+        raise click.UsageError("--json and --logprobs-of go with --logprobs K")
+    if logprobs is not None and (flags.get("dump_path") is not None or batch_file is not None):
+        raise click.UsageError("--logprobs goes with neither --dump-attention nor --batch; run them separately")
     dump = pop_dump_options(flags)
     if batch_file is not None:
         if any(x is not None for x in (prompt, prompt_opt, file, dump, draft_path)) or flags.get("prompt_lookup"):
@@ -82,6 +92,9 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
     run = Run(loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, text, chat, system), options)
     if dump is not None:
         sys.exit(generate_with_dump(run, loaded.seconds, quiet, verbose, dump))
+    if logprobs is not None:  # a way of printing the run, not an option of it: Options stays as it is
+        from .scores import print_logprobs_run
+        sys.exit(print_logprobs_run(run, loaded.seconds, logprobs, logprobs_of == "sampled", as_json, quiet, verbose))
     sys.exit(print_run(run, loaded.seconds, quiet, verbose))
 
 

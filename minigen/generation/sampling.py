@@ -89,6 +89,15 @@ class Sampling:
             return int(np.argmax(logprobs))
         return categorical(self.logprobs(logprobs), rng)
 
+    def distribution(self, logprobs: np.ndarray) -> np.ndarray:
+        """(V,) the normalised log-probs a draw is made from (Step.logprob): greedy's is certain, 0 at the
+        argmax and -inf elsewhere."""
+        if self.greedy:
+            out = np.full(logprobs.shape, -np.inf, np.float32)
+            out[int(np.argmax(logprobs))] = 0.0
+            return out
+        return log_softmax(self.logprobs(logprobs))
+
 
 def repetition_penalty(logits: np.ndarray, tokens: Sequence[int], penalty: float) -> np.ndarray:
     """HF's RepetitionPenaltyLogitsProcessor: each token seen gets logit * penalty if < 0, else / penalty."""

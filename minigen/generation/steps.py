@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from ..engine.cache import checkpoint, truncate
 from ..engine.cache import must_recompute
 from ..errors import MinigenError, OptionError, is_int, short
 from .options import Options, check_prompt
-from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler
+from .sampling import Processor, Sampler, log_softmax, make_repetition_penalty, make_sampler
 from .speculative import forward_rows, make_drafter, verify
 
 
@@ -29,6 +30,11 @@ FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it
 
 @dataclass
 class Step:
+    """One generated token. Its log-probs come in two kinds, each named as such, computed only when read:
+    `logprob` / `top_logprobs(k)` are of the distribution the token was drawn from (the repetition
+    penalty, temperature and the top-k/top-p/min-p filters applied, normalised again; greedy's is
+    certain: 0 for its token), `model_logprob` / `model_top_logprobs(k)` of the raw model distribution,
+    log_softmax(logits)."""
     token: int
     finish: str | None          # None while going on; "eos" | "length" | "context" on the last step
     seconds: float              # the forward and the sampling that produced this token
@@ -38,6 +44,46 @@ class Step:
     forward: bool = True        # the first token of a forward pass (speculative decoding yields several)
     drafted: int = 0            # on a forward's first token: the drafts that forward verified
     accepted: int = 0           # ... and how many of them it kept
+    scores: np.ndarray | None = field(default=None, repr=False)   # (V,) the logits after the processors
+    distribution: Callable | None = field(default=None, repr=False)  # scores -> the sampled log-probs
+
+    @cached_property
+    def sampled_logprobs(self) -> np.ndarray:
+        """(V,) log-probs of the distribution that was sampled from (-inf where filtered out)."""
+        if self.distribution is None:  # a sampler of the caller's own, without a `distribution`
+            raise MinigenError("this step's sampler does not say what distribution it drew from "
+                               "(give it a `distribution` attribute, as make_sampler does)")
+        return self.distribution(self.logits if self.scores is None else self.scores)
+
+    @cached_property
+    def model_logprobs(self) -> np.ndarray:
+        """(V,) log_softmax of the raw logits."""
+        return log_softmax(self.logits)
+
+    @property
+    def logprob(self) -> float:
+        return float(self.sampled_logprobs[self.token])
+
+    @property
+    def model_logprob(self) -> float:
+        return float(self.model_logprobs[self.token])
+
+    def top_logprobs(self, k: int) -> list[tuple[int, float]]:
+        """The k most likely (id, log-prob) of the sampled distribution, best first; fewer when fewer
+        tokens survived the filters."""
+        return top_entries(self.sampled_logprobs, k)
+
+    def model_top_logprobs(self, k: int) -> list[tuple[int, float]]:
+        """The k most likely (id, log-prob) of the raw model distribution, best first."""
+        return top_entries(self.model_logprobs, k)
+
+
+def top_entries(logprobs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k largest finite entries of logprobs (V,) as (index, value), largest first, ties by index."""
+    k = max(0, min(int(k), len(logprobs)))
+    part = np.argpartition(-logprobs, k - 1)[:k] if 0 < k < len(logprobs) else np.arange(len(logprobs))[:k]
+    order = part[np.lexsort((part, -logprobs[part]))]
+    return [(int(i), float(logprobs[i])) for i in order if np.isfinite(logprobs[i])]
 
 
 def generate_step(model, prompt_ids: Sequence[int], options: Options = Options(),
@@ -79,7 +125,8 @@ def generate_step(model, prompt_ids: Sequence[int], options: Options = Options()
         tokens.append(token)
         finish = ("eos" if token in eos else "length" if n == o.max_tokens
                   else "context" if cache[0].offset >= o.max_context else None)
-        yield Step(token, finish, time.perf_counter() - start, n == 1, logits, record)
+        yield Step(token, finish, time.perf_counter() - start, n == 1, logits, record, scores=scores,
+                   distribution=getattr(sampler, "distribution", None))
         if finish:
             return
         ids = [token]
