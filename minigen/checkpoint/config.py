@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..engine.config import MAX_LAYERS, Config, Rope
 from ..engine.layers import ACTIVATIONS
-from ..errors import MinigenError, is_int, is_number, read_json_object, short
+from ..errors import MinigenError, is_int, is_number, short
+from ..files import read_json_object
 
 
 def load_config(path: str | Path) -> Config:

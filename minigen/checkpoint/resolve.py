@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import load_config, parse_generation_config
-from ..errors import MinigenError, read_json_object
+from ..errors import MinigenError
+from ..files import read_json_object, what_is_at
 from .families import FAMILIES
 from ..engine.model import Model
 from ..engine.parallel import release_free_heap
@@ -99,7 +100,11 @@ def resolve(spec: str | Path | None, note: Callable[[str], None] | None = None, 
         return Resolved(path, "default", f"the default model, {path}")
     path = Path(spec)
     if path.is_dir():
+        if path.suffix.lower() == ".gguf" and not os.path.lexists(path / "config.json"):
+            raise MinigenError(f"{path}: is a directory, not a GGUF file (nor a checkpoint directory: no config.json)")
         return Resolved(path, "directory", f"checkpoint directory {path}")
+    if os.path.lexists(path) and not path.is_file():  # a FIFO, a device, a socket, a broken symbolic link
+        raise MinigenError(f"{path}: is {what_is_at(path)}, not a checkpoint directory or a GGUF file")
     if path.is_file():
         if not _is_gguf(path):
             raise MinigenError(f"{path}: not a checkpoint directory or a GGUF file")

@@ -18,7 +18,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from ..engine.config import Config
-from ..errors import MiB, MinigenError, open_regular, parse_json, read_json_object, short
+from ..errors import MinigenError, short
+from ..files import MiB, open_regular, parse_json, read_json_object
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16 read as raw 16 bits
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

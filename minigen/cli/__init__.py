@@ -17,7 +17,8 @@ from contextlib import contextmanager
 
 import click
 
-from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
+from ..errors import MinigenError, OptionError
+from ..files import MiB, decode_utf8, read_bounded
 
 PROMPT_LIMIT = 16 * MiB  # bytes of prompt read from a file or stdin (/dev/zero never ends)
 

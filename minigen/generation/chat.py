@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..engine.cache import truncate
-from ..errors import MinigenError
-from ..files import atomic_write
+from ..errors import MinigenError, first_line
+from ..files import MiB, atomic_write, read_regular
 from .steps import Options, Run, chat_ids, run
 from ..engine.model import reusable_prefix
+
+
+CONVERSATION_LIMIT = 256 * MiB  # a saved conversation (chat --load)
 
 
 class ChatSession:
@@ -169,10 +172,11 @@ def check_messages(messages, where: str) -> list[dict]:
 
 def load_conversation(path: str | Path) -> list[dict]:
     """The messages of a conversation saved with `save_conversation` (or written by hand)."""
+    text = read_regular(path, CONVERSATION_LIMIT, "conversation file")  # names a directory, a FIFO, ...
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinigenError(f"{path}: not a readable JSON file ({(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+        data = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise MinigenError(f"{path}: not a readable JSON file ({first_line(e)})")
     return check_messages(data, str(path))
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import arch as archs
 from ..errors import MinigenError, is_int, short
-from ..files import atomic_dir
+from ..files import atomic_dir, open_regular
 from .vocab import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -135,10 +135,9 @@ def _read_header(source: Path) -> tuple[dict, dict[str, _Info]]:
     """(metadata {key: value}, tensor directory {name: _Info}) of a GGUF file."""
     import mmap
 
-    if not source.is_file():
-        raise MinigenError(f"{source}: no such file")
+    f, _ = open_regular(source, "GGUF file")  # names a directory, a FIFO, a device... found instead
     try:
-        with open(source, "rb") as f:
+        with f:
             if f.read(4) != b"GGUF":
                 raise MinigenError(f"{source}: not a GGUF file (it does not start with the GGUF magic)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
