@@ -1,12 +1,13 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Every GGUF architecture whose family minigen runs (archs.ARCHS: llama, qwen2, qwen3, gemma, gemma2, gemma3,
-phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package dequantises. The steps:
+Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
+qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package
+dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
      and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
   2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
-     (gguf_arch: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
+     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
      finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
      reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
      The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
@@ -23,7 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from ..errors import MinigenError, is_int, short
+from ..checkpoint.config import parse_config
+from ..checkpoint.families import FAMILIES, FIXES
+from ..checkpoint.weights import TensorRef, resolve
+from ..errors import MinigenError, first_line, is_int, short
 from ..files import atomic_dir, open_regular
 from .vocab import special_ids, tokenizer_files
 
@@ -52,7 +56,7 @@ class _Tensor:
     offset: int         # absolute byte offset in the GGUF file
     row_bytes: int
     shape: tuple        # HF shape
-    fix: str | None = None     # archs.apply_fix on the whole tensor
+    fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
 
     @property
@@ -288,10 +292,8 @@ def _check_layers(m: archs.Meta, infos: dict) -> int:
 def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[list[_Tensor], dict]:
     """Each GGUF tensor -> its HF name and shape; the rope factor tensors aside. Fails naming the first tensor
     that has no HF name, an unsupported type, more than two dimensions, or bytes past the end of the file."""
-    from ..checkpoint.families import FAMILIES
-
-    spec = archs.ARCHS[arch]
-    names = archs.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
+    family = archs.family_of(arch)
+    names = archs.tensor_names(arch, family, n_layers)
     size = source.stat().st_size
     tensors, extras = [], {}
     for info in infos.values():
@@ -301,13 +303,13 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
             continue
         hf = names.get(info.name)
         if hf is None:
-            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
+            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {archs.ARCHS[arch]} equivalent; "
                                f"cannot convert")
-        fix = spec.fixes.get(archs.kind(info.name))
+        fix = family.gguf.fixes.get(archs.kind(info.name))
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
         shape = (cols,) if len(info.dims) == 1 else archs.fixed_shape(fix, (rows, cols))
-        norm = spec.norm_offset if info.name.endswith("norm.weight") else 0.0
+        norm = family.norm_offset if info.name.endswith("norm.weight") else 0.0
         tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
     return tensors, extras
 
@@ -354,16 +356,20 @@ def _config(arch: str, m: archs.Meta, infos: dict, extras: dict) -> dict:
 
 
 def _rope_from_tensors(arch: str, config: dict, m: archs.Meta, extras: dict) -> None:
-    """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling."""
+    """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling, for the families whose
+    entry says llama.cpp writes them (`Gguf.rope_factors`); such a tensor in another family's file is refused."""
     head_dim = config.get("head_dim")
     rope_dims = int(round(head_dim * config.get("partial_rotary_factor", 1.0))) if head_dim else 0
-    if "rope_freqs.weight" in extras:
+    kind = archs.family_of(arch).gguf.rope_factors
+    if "rope_freqs.weight" in extras and kind == "llama3":
         factors = _read_vector(m.source, *extras.pop("rope_freqs.weight"))
         if config.get("rope_scaling"):
             raise MinigenError(f"{m.source}: both rope_freqs.weight and rope.scaling.type; cannot tell which applies")
         config["rope_scaling"] = archs.llama3_rope(factors, config["rope_theta"], rope_dims, m.source)
     short, long = extras.pop("rope_factors_short.weight", None), extras.pop("rope_factors_long.weight", None)
-    if short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
+    if kind != "longrope":
+        extras.update({k + ".weight": v for k, v in (("rope_factors_short", short), ("rope_factors_long", long)) if v})
+    elif short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
         vec = lambda e: None if e is None else _read_vector(m.source, *e)  # noqa: E731
         config["rope_scaling"] = archs.longrope(vec(short), vec(long), m, rope_dims // 2)
     if extras:  # a rope factor tensor this architecture does not use
@@ -410,10 +416,6 @@ def _generation_config(config: dict, special: dict) -> dict:
 def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path) -> None:
     """The converted config through minigen's own reader, and the tensors' names and shapes through its weight
     resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor."""
-    from ..checkpoint.config import parse_config
-    from ..checkpoint.families import FAMILIES
-    from ..checkpoint.weights import TensorRef, resolve
-
     cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
     family = FAMILIES[cfg.model_type]
     try:
@@ -459,8 +461,9 @@ def _dequantise(plan: Plan, t: _Tensor):
             raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
                                f"dequantisation; the file is damaged")
         if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
-            w = archs.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
-                                    plan.config)
+            heads = plan.config.get("num_attention_heads") or plan.config["n_head"]  # GPT-2 spells it n_head
+            w = FIXES[t.fix](w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)), heads,
+                             plan.config.get("num_key_value_heads", heads))
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
         yield w
@@ -481,7 +484,7 @@ def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype
         with np.errstate(all="ignore"):  # damaged scales give NaN or inf: refused by name after, not warned about
             w = quants.dequantize(raw, qtype)
     except Exception as e:
-        raise MinigenError(f"{source}: cannot dequantise tensor {name} ({_first_line(e)})")
+        raise MinigenError(f"{source}: cannot dequantise tensor {name} ({first_line(e)})")
     return w.astype(np.float32, copy=False).reshape(rows, -1)
 
 
@@ -527,7 +530,3 @@ class _Progress:
 
 def _write_json(file: Path, obj: dict) -> None:
     file.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
