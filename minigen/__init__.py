@@ -9,7 +9,7 @@ import os
 # Before NumPy loads OpenBLAS: its idle threads then spin ~1.5 ms after a call, not ~0.1 s (parallel.py).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
-from .checkpoint.resolve import load  # noqa: E402
+from .resolve import load  # noqa: E402
 from .errors import MinigenError  # noqa: E402
 from .generation.steps import generate, stream  # noqa: E402
 from .engine.model import Model  # noqa: E402

@@ -5,6 +5,8 @@ May import: numpy (for the number checks) and nothing of minigen.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -35,6 +37,21 @@ def is_int(v) -> bool:
 def is_number(v) -> bool:
     """An int or float (NumPy's too), not a bool."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_finite(v) -> bool:
+    """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
+    if not is_number(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def is_positive(v) -> bool:
+    """A finite number > 0."""
+    return is_finite(v) and v > 0
 
 
 def first_line(e: BaseException) -> str:

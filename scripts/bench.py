@@ -349,7 +349,7 @@ def main():
         return
     sys.path.insert(0, str(ROOT))
     if args.model is None:
-        from minigen.checkpoint.default_model import default_model_path
+        from minigen.gguf.default_model import default_model_path
         args.model = default_model_path()
     args.model = Path(args.model).resolve()
     engines = [e for e in args.engines.split(",") if e]

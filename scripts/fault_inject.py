@@ -879,7 +879,7 @@ marker, where = sys.argv[1], sys.argv[2]
 sys.argv = ["minigen"] + sys.argv[3:]
 import minigen.cli
 if where == "load":
-    import minigen.checkpoint.resolve as C
+    import minigen.resolve as C
     real = C.load_params
     def slow(*a, **k):
         open(marker, "w").close(); time.sleep(30); return real(*a, **k)
@@ -1008,7 +1008,7 @@ def process_cases(rng: random.Random, full: bool) -> list[Case]:
 
 def _default_gguf() -> Path | None:
     try:
-        from minigen.checkpoint.default_model import gguf_source
+        from minigen.gguf.default_model import gguf_source
         return gguf_source()
     except Exception:
         return None

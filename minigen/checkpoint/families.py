@@ -41,7 +41,8 @@ from typing import Callable
 
 import numpy as np
 
-from .config import Fields, read_rope, rope_parameters
+from .fields import Fields
+from .rope import read_rope, rope_parameters
 from ..errors import MinigenError
 
 

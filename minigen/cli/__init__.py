@@ -4,7 +4,10 @@ Process-wide behaviour lives in `Group.invoke`: a bad input is one line `minigen
 a bad option value a usage error naming its flag (exit 2); Ctrl-C exits 130 and SIGTERM/SIGHUP 128 +
 the signal, both by an exception, so every output file's temporary sibling is removed on the way out
 (files.py); a closed, full or broken stdout is one line (or, for a closed pipe, silence), never a
-traceback.
+traceback. Slow work below (a conversion, a download) is reported through the `note` and `progress_bar`
+callbacks given here: nothing below the CLI prints.
+
+May import: everything (it is the top); a command imports the modules only it needs when it runs.
 """
 from __future__ import annotations
 
@@ -190,13 +193,26 @@ def load_model(path):
 def resolve_and_load(path):
     """load_model's (model, tokenizer, load seconds), and the checkpoint.Resolved saying what --model named."""
     import time
-    from ..checkpoint.resolve import load, resolve
-    resolved = resolve(path)
+    from ..resolve import load, resolve
+    resolved = resolve(path, note, progress_bar())
     import numpy as np
     np.seterr(all="ignore")  # non-finite logits are reported per step (generate.py), not as numpy warnings
     start = time.perf_counter()
     model, tokenizer = load(resolved.path)
     return model, tokenizer, time.perf_counter() - start, resolved
+
+
+def note(message: str) -> None:
+    """What minigen's library says about slow work (a conversion, a download), on stderr."""
+    click.echo(f"minigen: {message}", err=True)
+
+
+def progress_bar():
+    """A conversion's progress bar on stderr, when stderr is a terminal (gguf.convert.Progress), else None."""
+    if not sys.stderr.isatty():
+        return None
+    return lambda label, total: click.progressbar(length=total, label=label, file=sys.stderr, show_percent=True,
+                                                  show_eta=True)
 
 
 def read_prompt(prompt: str | None, prompt_opt: str | None, file: str | None) -> str:
@@ -507,7 +523,7 @@ def convert(source, out_dir, dtype):
     from ..gguf.convert import convert_gguf
 
     start = time.perf_counter()
-    result = convert_gguf(source, out_dir, dtype=dtype, progress=True)
+    result = convert_gguf(source, out_dir, dtype=dtype, progress=progress_bar())
     click.echo(f"wrote {result.out_dir}: {result.n_tensors} tensors, {result.n_params / 1e6:.1f}M parameters, "
                f"{result.nbytes / 1e6:.0f} MB ({dtype}) in {time.perf_counter() - start:.1f} s", err=True)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ContextManager, Protocol
 
 import numpy as np
 
@@ -79,10 +79,18 @@ class Plan:
         return sum(t.size for t in self.tensors)
 
 
-def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True,
+class Progress(Protocol):
+    """A progress bar the caller gives (the CLI: click.progressbar on a terminal): called as
+    `with progress(label, total) as bar: bar.update(n)`, counting values written."""
+
+    def __call__(self, label: str, total: int) -> ContextManager: ...
+
+
+def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: Progress | None = None,
                  extra_files: dict[str, str] | None = None, plan: Plan | None = None) -> Result:
     """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty; `extra_files` ({name: text})
-    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already."""
+    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already;
+    `progress`: a progress bar to drive (none when None or False)."""
     source, out_dir = Path(source), Path(out_dir)
     if dtype not in DTYPES:
         raise MinigenError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
@@ -429,7 +437,7 @@ def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], sour
 # --- writing -----------------------------------------------------------------------------------
 
 
-def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: bool) -> int:
+def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: Progress | None) -> int:
     """A minimal safetensors writer: 8-byte header length, JSON header, then each tensor's raw bytes, appended
     block by block as they are dequantised; our own writer because safetensors' numpy API refuses bfloat16."""
     itemsize = 4 if dtype == "float32" else 2
@@ -440,7 +448,8 @@ def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: bool) -> in
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # pad so the data starts 8-byte aligned
-    with open(file, "wb") as f, _Progress(plan, progress) as bar:
+    bar_of = progress or _no_progress
+    with open(file, "wb") as f, bar_of(f"converting {plan.source.name}", plan.n_params) as bar:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
         for t in plan.tensors:
@@ -502,30 +511,19 @@ def _cast(w: np.ndarray, dtype: str, where: str) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
 
 
-class _Progress:
-    """A progress bar on stderr counting values written, when enabled and stderr is a terminal."""
-
-    def __init__(self, plan: Plan, enabled: bool):
-        import click
-
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            self.bar = click.progressbar(length=plan.n_params, label=f"converting {plan.source.name}",
-                                         file=sys.stderr, show_percent=True, show_eta=True)
-
+class _NoBar:
     def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
         return self
 
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
         return False
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _no_progress(label: str, total: int) -> _NoBar:
+    return _NoBar()
 
 
 def _write_json(file: Path, obj: dict) -> None:

@@ -14,6 +14,8 @@
 
     logit_lens(model, ids)                          -> float32 (n_layers + 1, T, V)
     ablated_logits(model, ids, heads, mode="zero")  -> float32 (T, V); heads: [(layer, head), ...]
+
+May import: engine, text, generation, errors, files.
 """
 from .dump import Recorder, load_attention
 from .effects import ablated_logits
