@@ -24,7 +24,7 @@ from ..engine.cache import truncate
 from ..errors import MinigenError, first_line
 from ..files import MiB, atomic_write, read_regular
 from .steps import Options, Run, chat_ids, run
-from ..engine.model import reusable_prefix
+from ..engine.cache import reusable_prefix
 
 
 CONVERSATION_LIMIT = 256 * MiB  # a saved conversation (chat --load)
