@@ -164,3 +164,27 @@ def test_every_package_says_what_it_may_import():
         if file.name == "__init__.py" and name != "minigen":
             doc = ast.get_docstring(ast.parse(file.read_text(encoding="utf-8"))) or ""
             assert "May import" in doc, f"{file}: the docstring should say what the package may import"
+
+
+UNITS = ("engine", "checkpoint", "gguf", "text", "generation", "inspect", "cli", "serve", "errors", "files", "resolve")
+
+
+def declared(doc: str) -> set[str] | None:
+    """The minigen packages and modules a docstring's "May import:" paragraph names (None: everything)."""
+    text = doc.split("May import:", 1)[1].split("\n\n")[0]
+    if "everything" in text:
+        return None
+    words = set(text.replace("`", " ").replace("minigen.", "").replace(",", " ").replace(";", " ").replace("(", " ")
+                .replace(".", " ").split())
+    return {u for u in UNITS if u in words}
+
+
+def test_imports_are_what_each_docstring_allows():
+    for name, file in MODULES.items():
+        unit = package_of(name)
+        top = MODULES.get(unit)
+        doc = ast.get_docstring(ast.parse(top.read_text(encoding="utf-8"))) if top else None
+        if name == "minigen" or not doc or "May import:" not in doc or (allowed := declared(doc)) is None:
+            continue
+        used = {package_of(t).split(".")[1] for t in GRAPH[name] if t != "minigen" and package_of(t) != unit}
+        assert used <= allowed, f"{name} imports {sorted(used - allowed)}, which {top.name}'s docstring does not allow"
