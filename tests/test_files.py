@@ -178,3 +178,10 @@ def test_chat_load_that_is_not_a_file(tmp_path, kind):
     f = make(tmp_path / "conversation.json", kind)
     r = CliRunner().invoke(main, ["chat", "--model", str(FIXTURES_DIR / "llama_gqa3"), "--load", str(f)], input="hi\n")
     one_line_error(r, f"{f}: the conversation file {SAYS[kind]}")
+
+
+@pytest.mark.parametrize("kind", ["dir", "fifo", "broken-link"])
+def test_attention_from_that_is_not_a_file(tmp_path, kind):
+    f = make(tmp_path / "dump.npz", kind)
+    r = CliRunner().invoke(main, ["attention", "--from", str(f)])
+    one_line_error(r, f"{f}: is ", SAYS[kind], "not an attention dump")
