@@ -55,6 +55,6 @@ def is_positive(v) -> bool:
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (at most 200 characters), or its type's name."""
-    text = str(e).strip()
-    return (text.splitlines() or [type(e).__name__])[0][:200]
+    """An exception's message cut to its first line (a library's multi-line message in a one-line error)."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -141,10 +141,13 @@ def api_cases(rng: random.Random, full: bool) -> list[Case]:
 
     def big_context(d):
         def call():
+            import dataclasses
             import minigen
+            from minigen.generation.options import Options
             from minigen.generation.steps import generate_step
             model, tok = minigen.load(fx)
-            steps = generate_step(model, [1, 2, 3], max_tokens=10**12, max_context=10**12)
+            model.config = dataclasses.replace(model.config, max_position_embeddings=10**12)  # a config's huge context
+            steps = generate_step(model, [1, 2, 3], Options(max_tokens=10**12, max_context=10**12))
             for _ in range(3):
                 next(steps)
             return "ok"

@@ -153,6 +153,8 @@ def _vm_size() -> int:
 def run_cases(cases: list[Case], workers: int = 2, timeout: float = 15.0, verbose: bool = False,
               mem_extra: int = 2 << 30) -> list[Result]:
     import minigen.cli  # noqa: F401  (imported once here, inherited by every forked child)
+    import minigen.resolve  # noqa: F401  (minigen's names load on first use: load them here)
+    import minigen.generation.chat  # noqa: F401
     import minigen.inspect.dump  # noqa: F401
     import jinja2.sandbox  # noqa: F401
     import tokenizers  # noqa: F401
