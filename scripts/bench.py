@@ -434,7 +434,7 @@ model.save_pretrained({str(out)!r})
 
 def worker_hybrid_minigen(args) -> dict:
     import minigen  # noqa: F401  (first: it sets OpenBLAS up)
-    from minigen.checkpoint.resolve import load_model
+    from minigen.resolve import load_model
 
     import numpy as np
 
@@ -710,7 +710,7 @@ def main():
             sys.exit("bench --hybrid: no interpreter with torch and transformers (--hf-python)")
         return run_hybrid(args)
     if args.model is None:
-        from minigen.checkpoint.default_model import default_model_path
+        from minigen.gguf.default_model import default_model_path
         args.model = default_model_path()
     args.model = Path(args.model).resolve()
     engines = [e for e in args.engines.split(",") if e]

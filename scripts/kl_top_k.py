@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minigen  # noqa: E402
-from minigen.checkpoint.resolve import resolve  # noqa: E402
+from minigen.resolve import resolve  # noqa: E402
 from minigen.generation import scores as S  # noqa: E402
 
 
