@@ -252,7 +252,8 @@ def chat_prompts(model_dir: Path) -> dict:
 def worker_lookup(args) -> dict:
     """Per task: decode tokens/s of plain greedy and of prompt lookup, drafts accepted, tokens equal."""
     import minigen
-    from minigen.generation.steps import run
+    from minigen.generation.steps import Run
+    run = Run.from_prompt
     model, tok = minigen.load(args.model)
     prompts = json.loads(Path(args.prompts).read_text())["lookup"]
     run(model, tok, prompts["free-form"][:64], max_tokens=8).text()   # warm-up
@@ -305,19 +306,20 @@ def worker_batch(args) -> dict:
     prefill included) and of the same prompts one at a time; results checked equal."""
     import minigen
     from minigen.generation.batch import Batch
+    from minigen.generation.options import Options
     from minigen.generation.steps import generate_step
     model, _ = minigen.load(args.model)
     data = json.loads(Path(args.prompts).read_text())["batch"]
-    list(generate_step(model, data["1"][0][:32], max_tokens=4))   # warm-up
+    list(generate_step(model, data["1"][0][:32], Options.of(max_tokens=4)))   # warm-up
     out = {}
     for n in map(str, BATCH_SIZES):
         prompts = data[n]
         start = time.perf_counter()
-        alone = [[s.token for s in generate_step(model, p, max_tokens=args.gen_tokens)] for p in prompts]
+        alone = [[s.token for s in generate_step(model, p, Options.of(max_tokens=args.gen_tokens))] for p in prompts]
         alone_s = time.perf_counter() - start
         start = time.perf_counter()
         batch, got = Batch(model), {}
-        handles = [batch.add(p, max_tokens=args.gen_tokens) for p in prompts]
+        handles = [batch.add(p, Options.of(max_tokens=args.gen_tokens)) for p in prompts]
         while len(batch):
             for h, step in batch.step().items():
                 got.setdefault(h, []).append(step.token)
