@@ -9,7 +9,9 @@ import time
 
 import click
 
-from ..errors import MiB, MinigenError, decode_utf8, read_bounded
+from ..errors import MinigenError
+
+from ..files import MiB, decode_utf8, read_bounded
 from .harness import Command, load_timed, model_option, read_prompt
 
 TEXT_LIMIT = 64 * MiB  # bytes of text perplexity reads (wikitext-2's test set is 1.3 MB)

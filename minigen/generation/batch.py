@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..engine.cache import must_recompute, truncate
-from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded, short
+from ..errors import MinigenError, OptionError, short
+from ..files import MiB, decode_utf8, read_bounded
 from .options import Options, check_prompt
 from .sampling import Processor, Sampler
 from .steps import FIRST_ROOM, Run, Step, eos_token_ids, sampling_pipeline
