@@ -826,3 +826,10 @@ def trace(prompt, model_path, chat, as_json, layer, head, token_spec, keys, seed
     _emit(result, as_json, lambda r: r["lines"])
     if not result["matches_model"]:
         raise MinigenError("the trace does not match the model's own head output")
+
+
+# --- serve (issue 22) ---------------------------------------------------------------------------
+
+from .serve import serve as _serve  # noqa: E402 (the command's module, after the group it joins)
+
+main.add_command(_serve)
