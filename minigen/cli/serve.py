@@ -54,22 +54,17 @@ def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb
     batch at the next step and leaves it when it ends. One line per request on stderr.
     """
     from . import resolve_and_load
-    from ..serve.http import App, Server
-    from ..serve.output import Locked
-    from ..serve.prefix import PrefixCache
-    from ..serve.scheduler import OneAtATime, Scheduler
+    from ..serve.http import Server, build
     model, tokenizer, load_seconds, resolved = resolve_and_load(model_path)
-    tokenizer = Locked(tokenizer)
     name = model_id(model_path, resolved)
-    prefix = PrefixCache(model.config, prefix_cache_mb * MiB) if prefix_cache_mb else None
-    scheduler = Scheduler(OneAtATime(model, tokenizer), max_batch, max_queue, prefix)
     log = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
-    app = App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
+    app = build(model, tokenizer, name, max_batch, max_queue, prefix_cache_mb * MiB, api_key, log)
+    scheduler = app.scheduler
     try:
         server = Server((host, port), app)
     except OSError as e:
+        scheduler.stop(0)
         raise MinigenError(f"cannot listen on {host}:{port} ({e.strerror or e})")
-    scheduler.start()
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     listener = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)

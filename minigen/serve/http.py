@@ -47,6 +47,19 @@ class App:
         return self.model.config.max_position_embeddings
 
 
+def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
+          api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
+    """The App of one model, its scheduler started: `batch` defaults to the stand-in batch step."""
+    from .output import Locked
+    from .prefix import PrefixCache
+    from .scheduler import OneAtATime
+    tokenizer = Locked(tokenizer)
+    prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
+    scheduler = Scheduler(batch or OneAtATime(model, tokenizer), max_batch, max_queue, prefix)
+    scheduler.start()
+    return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True        # an idle keep-alive connection does not hold up the exit
     allow_reuse_address = True
@@ -71,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
                      "/v1/completions": lambda: self.generate("completion")}, "POST")
 
     def _route(self, routes: dict, method: str):
-        self.started, self.figures = time.monotonic(), ""
+        self.started, self.figures, self.body_read = time.monotonic(), "", method != "POST"
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self.status = 200
         try:
@@ -171,17 +184,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
             raise api.ApiError(411, "send the body with a Content-Length (chunked uploads are not supported)")
         length = self.headers.get("Content-Length")
         if length is None or not length.strip().isdigit():
-            self.close_connection = True
             raise api.ApiError(411 if length is None else 400, "the request needs a Content-Length")
         if int(length) > MAX_BODY:
-            self.close_connection = True
             raise api.ApiError(413, f"the request body is {int(length):,} bytes, more than the server reads "
                                     f"({MAX_BODY:,})")
-        return self.rfile.read(int(length))
+        body = self.rfile.read(int(length))
+        self.body_read = True
+        return body
 
     def _client_gone(self) -> bool:
         """Whether the peer has closed the connection (readable, with nothing to read)."""
@@ -203,6 +215,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, e: api.ApiError):
+        if not self.body_read:  # what the client is still sending cannot be taken for the next request
+            self.close_connection = True
         try:
             self._json(e.status, e.body(), e.headers)
         except OSError:

@@ -143,22 +143,26 @@ class Scheduler:
                     break
                 joining = [self.waiting.popleft() for _ in range(min(len(self.waiting),
                                                                      self.max_batch - len(self.running)))]
-            for job in joining:
-                self._admit(job)
-            self._leave_cancelled()
-            if self.running:
-                self._step()
+            try:
+                for job in joining:
+                    self._admit(job)
+                self._leave_cancelled()
+                if self.running:
+                    self._step()
+            except Exception as e:  # noqa: BLE001 (a bug here ends the running requests, not the server)
+                for handle, job in list(self.running.items()):
+                    self._end(handle, job, Failed(f"{type(e).__name__}: {e}"))
         for handle, job in list(self.running.items()):
             self._end(handle, job, Failed("the server is shutting down", 503))
 
     def _admit(self, job: Job):
         if job.cancelled.is_set():
             return
-        cache = None
-        if self.prefix is not None:
-            cache, job.cached_tokens = self.prefix.lookup(job.ids, len(job.ids) + min(job.options.max_tokens,
-                                                                                       FIRST_ROOM))
         try:
+            cache = None
+            if self.prefix is not None:
+                cache, job.cached_tokens = self.prefix.lookup(job.ids, len(job.ids) + min(job.options.max_tokens,
+                                                                                           FIRST_ROOM))
             self.running[self.batch.add(job.ids, job.options, cache)] = job
         except Exception as e:  # noqa: BLE001
             job.events.put(Failed(f"{type(e).__name__}: {e}"))
