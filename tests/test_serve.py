@@ -382,3 +382,12 @@ def test_signal_stops_the_server_with_exit_0(sig):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_load_test_short():
+    """CI's short load test: concurrent streams, hang-ups and bad requests; every reply equal to it alone."""
+    script = Path(__file__).parent.parent / "scripts" / "load_test.py"
+    done = subprocess.run([sys.executable, str(script), "--short", "--model", str(FIXTURE)], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\d+ completed responses checked against the same request alone: all equal", done.stdout)

@@ -52,10 +52,11 @@ def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, 
     """The App of one model, its scheduler started: `batch` defaults to the stand-in batch step."""
     from .output import Locked
     from .prefix import PrefixCache
-    from .scheduler import OneAtATime
-    tokenizer = Locked(tokenizer)
+    from .scheduler import ForkGate, OneAtATime
+    gate = ForkGate()
+    tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(batch or OneAtATime(model, tokenizer), max_batch, max_queue, prefix)
+    scheduler = Scheduler(batch or OneAtATime(model, tokenizer), max_batch, max_queue, prefix, gate)
     scheduler.start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from ..generation.steps import split_at_stop
 from ..text.tokenizer import StreamingDetokenizer
 from .api import Request, logprob_entry
-from .scheduler import Failed, Job
+from .scheduler import Failed, ForkGate, Job
 
 POLL = 0.2   # seconds between checks that the client is still there while no token comes
 
@@ -81,10 +81,11 @@ class Output:
 
 class Locked:
     """The tokenizer, one call at a time. Its guard against Rust panics points the process's fd 2 at a
-    temporary file during each call (text/tokenizer.py): two threads at once could leave it there."""
+    temporary file during each call (text/tokenizer.py): two threads at once could leave it there. The
+    chat template forks its renderer: that goes through the scheduler's ForkGate."""
 
-    def __init__(self, tokenizer):
-        self.inner, self.lock = tokenizer, threading.RLock()
+    def __init__(self, tokenizer, gate: ForkGate):
+        self.inner, self.lock, self.gate = tokenizer, threading.RLock(), gate
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -98,7 +99,7 @@ class Locked:
             return self.inner.decode(*args, **kwargs)
 
     def apply_chat_template(self, *args, **kwargs):
-        with self.lock:
+        with self.gate.forking(), self.lock:
             return self.inner.apply_chat_template(*args, **kwargs)
 
     def id_to_token(self, token: int) -> str | None:

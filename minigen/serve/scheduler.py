@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from typing import Protocol, Sequence
 
 from ..errors import MinigenError
@@ -53,6 +54,29 @@ class Job:
     def cancel(self):
         """Leave the batch at the next step (the client went away, or a stop string was reached)."""
         self.cancelled.set()
+
+
+class ForkGate:
+    """Forking waits for the running step and holds back the next one. The chat template is rendered in
+    a forked child (text/template.py), and OpenBLAS's fork handler shuts its thread pool down: a matmul
+    running on the scheduler thread at that moment never returns (seen here: the server hung)."""
+
+    def __init__(self):
+        self.gate, self.busy = threading.Lock(), threading.Lock()
+
+    @contextmanager
+    def computing(self):
+        with self.gate:   # held only for a moment, so a waiting fork gets in between two steps
+            self.busy.acquire()
+        try:
+            yield
+        finally:
+            self.busy.release()
+
+    @contextmanager
+    def forking(self):
+        with self.gate, self.busy:
+            yield
 
 
 class Batch(Protocol):
@@ -100,8 +124,10 @@ class OneAtATime:
 
 
 class Scheduler:
-    def __init__(self, batch: Batch, max_batch: int, max_queue: int, prefix: PrefixCache | None = None):
+    def __init__(self, batch: Batch, max_batch: int, max_queue: int, prefix: PrefixCache | None = None,
+                 gate: ForkGate | None = None):
         self.batch, self.max_batch, self.max_queue, self.prefix = batch, max_batch, max_queue, prefix
+        self.gate = gate or ForkGate()
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
         self.lock = threading.Condition()
@@ -163,7 +189,8 @@ class Scheduler:
             if self.prefix is not None:
                 cache, job.cached_tokens = self.prefix.lookup(job.ids, len(job.ids) + min(job.options.max_tokens,
                                                                                            FIRST_ROOM))
-            self.running[self.batch.add(job.ids, job.options, cache)] = job
+            with self.gate.computing():
+                self.running[self.batch.add(job.ids, job.options, cache)] = job
         except Exception as e:  # noqa: BLE001
             job.events.put(Failed(f"{type(e).__name__}: {e}"))
 
@@ -174,7 +201,8 @@ class Scheduler:
 
     def _step(self):
         try:
-            results = self.batch.step()
+            with self.gate.computing():
+                results = self.batch.step()
         except Exception as e:  # noqa: BLE001 (the whole step failed: every running request ends, the server goes on)
             for handle, job in list(self.running.items()):
                 self._end(handle, job, Failed(f"{type(e).__name__}: {e}"))
