@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-from ..engine.cache import KVCache
-from ..engine.model import reusable_prefix
+from ..engine.cache import KVCache, reusable_prefix
 from ..generation.chat import common_prefix
 
 MIN_REUSE = 16   # tokens: below this, a copy saves next to nothing
@@ -42,9 +41,10 @@ class PrefixCache:
         return clone(self.entries[best], n, max(capacity, n)), n
 
     def store(self, ids: Sequence[int], cache: list[KVCache]):
-        """Keep a compact copy of `cache`, which holds the first min(offset) of `ids`."""
+        """Keep a compact copy of `cache`, which holds the first min(offset) of `ids`. Only attention
+        caches: a recurrent layer's state cannot be cut back to a shorter prefix."""
         n = min(layer.offset for layer in cache)
-        if n < MIN_REUSE or self.budget <= 0:
+        if n < MIN_REUSE or self.budget <= 0 or not all(type(layer) is KVCache for layer in cache):
             return
         key = tuple(ids[:n])
         for old in [k for k in self.entries if len(k) <= n and key[:len(k)] == k]:
