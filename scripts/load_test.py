@@ -251,6 +251,7 @@ def main() -> int:
     p.add_argument("--levels", default="1,4,16", help="concurrent clients for --compare-transformers")
     p.add_argument("--log-dir", type=Path, help="keep the servers' logs here")
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the servers
     if a.short:
         a.clients, a.requests, a.max_tokens, a.max_words = 4, 10, 8, 16
     log = (lambda name: a.log_dir / name) if a.log_dir else (lambda name: None)

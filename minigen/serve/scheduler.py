@@ -141,6 +141,8 @@ class Scheduler:
         with self.lock:
             if self.stopping:
                 raise Stopping()
+            if len(self.waiting) >= self.max_queue:  # those whose client left make room first
+                self.waiting = deque(j for j in self.waiting if not j.cancelled.is_set())
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull()
             self.waiting.append(job)
