@@ -7,7 +7,7 @@ which the HTTP thread serving it reads. A sequence leaves the batch when it fini
 goes to the prefix cache), when its client goes away or it hits a stop string (`Job.cancel`), or when
 its own step fails: one sequence's exception ends that request only.
 
-The step is reached through a narrow interface, the `Batch` protocol: `add(ids, options, cache) ->
+The step is reached through a narrow interface, the `BatchStep` protocol: `add(ids, options, cache) ->
 handle`, `step() -> {handle: Step | Exception}`, `cancel(handle)`, `release(handle) -> (ids, cache)`.
 `OneAtATime` is a stand-in that runs each sequence through generate_step, one token per call in turn.
 """
@@ -79,7 +79,7 @@ class ForkGate:
             yield
 
 
-class Batch(Protocol):
+class BatchStep(Protocol):
     def add(self, ids: list[int], options: Options, cache: list | None) -> int: ...
     def step(self) -> dict: ...
     def cancel(self, handle: int) -> None: ...
@@ -124,7 +124,7 @@ class OneAtATime:
 
 
 class Scheduler:
-    def __init__(self, batch: Batch, max_batch: int, max_queue: int, prefix: PrefixCache | None = None,
+    def __init__(self, batch: BatchStep, max_batch: int, max_queue: int, prefix: PrefixCache | None = None,
                  gate: ForkGate | None = None):
         self.batch, self.max_batch, self.max_queue, self.prefix = batch, max_batch, max_queue, prefix
         self.gate = gate or ForkGate()
