@@ -391,3 +391,32 @@ def test_load_test_short():
                           text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"\d+ completed responses checked against the same request alone: all equal", done.stdout)
+
+
+def test_prefix_cache_longest_match_budget_and_lru(loaded):
+    from minigen.serve.prefix import PrefixCache, clone, nbytes
+
+    model, _ = loaded
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(0, 512, 40)) for _ in range(3)]
+
+    def cached(ids):
+        cache = model.make_cache(64)
+        model.forward(np.array(ids), cache)
+        return cache
+
+    one = nbytes(clone(cached(seqs[0][:30]), 30, 30))  # an entry of 30 tokens, stored compact
+    prefix = PrefixCache(model.config, 2 * one + 1)   # room for two entries of 30 tokens
+    for ids in seqs:
+        prefix.store(ids[:30], cached(ids[:30]))
+    assert [len(k) for k in prefix.entries] == [30, 30] and prefix.bytes <= prefix.budget  # the oldest went
+    assert prefix.lookup(seqs[0][:20] + [1, 2], 64) == (None, 0)                          # evicted
+    query = seqs[2][:25] + [7, 7, 7]
+    cache, n = prefix.lookup(query, 64)
+    assert n == 25 and cache[0].offset == 25
+    fresh = model.forward(np.array(query[25:]), cache)              # the rest, on the copied prefix
+    assert np.allclose(fresh, model.logits(query)[25:], atol=1e-5)
+    roomy = PrefixCache(model.config, 1 << 30)
+    for ids in (seqs[0][:30], seqs[1][:30], seqs[1][:36]):         # a longer entry replaces its own start
+        roomy.store(ids, cached(ids))
+    assert list(roomy.entries) == [tuple(seqs[0][:30]), tuple(seqs[1][:36])]
