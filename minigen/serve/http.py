@@ -49,14 +49,14 @@ class App:
 
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
           api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
-    """The App of one model, its scheduler started: `batch` defaults to the stand-in batch step."""
+    """The App of one model, its scheduler started: `batch` defaults to the batch step (Batched)."""
     from .output import Locked
     from .prefix import PrefixCache
-    from .scheduler import ForkGate, OneAtATime
+    from .scheduler import Batched, ForkGate
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(batch or OneAtATime(model, tokenizer), max_batch, max_queue, prefix, gate)
+    scheduler = Scheduler(batch or Batched(model, tokenizer), max_batch, max_queue, prefix, gate)
     scheduler.start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 
@@ -64,6 +64,7 @@ def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, 
 class Server(ThreadingHTTPServer):
     daemon_threads = True        # an idle keep-alive connection does not hold up the exit
     allow_reuse_address = True
+    request_queue_size = 128     # the listen backlog: 16 clients connecting at once overflowed the default 5
 
     def __init__(self, address, app: App):
         self.app = app

@@ -9,7 +9,8 @@ its own step fails: one sequence's exception ends that request only.
 
 The step is reached through a narrow interface, the `BatchStep` protocol: `add(ids, options, cache) ->
 handle`, `step() -> {handle: Step | Exception}`, `cancel(handle)`, `release(handle) -> (ids, cache)`.
-`OneAtATime` is a stand-in that runs each sequence through generate_step, one token per call in turn.
+`Batched` is generation/batch.py's Batch; `OneAtATime` runs each sequence through generate_step, one
+token per call in turn (each sequence's failure its own: the tests use it to inject one).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from typing import Protocol, Sequence
 
 from ..errors import MinigenError
+from ..generation.batch import Batch
 from ..generation.steps import FIRST_ROOM, Options, Run, Step
 from .prefix import PrefixCache
 
@@ -121,6 +123,37 @@ class OneAtATime:
         """A finished sequence's ids and cache (holding all its ids but the last)."""
         _, fed, cache = self.seqs.pop(handle)
         return fed, cache
+
+
+class Batched:
+    """The batch step (generation/batch.py): every running sequence's new rows in one forward over the
+    weights. Its sequences' ids and caches are kept here for the prefix cache."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer, self.batch = model, tokenizer, Batch(model)
+        self.fed: dict[int, tuple[list[int], list]] = {}
+
+    def add(self, ids: list[int], options: Options, cache: list | None) -> int:
+        if cache is None:
+            context = options.max_context or self.model.config.max_position_embeddings
+            cache = self.model.make_cache(min(context, len(ids) + min(options.max_tokens, FIRST_ROOM)))
+        run = Run(self.model, self.tokenizer, ids, options, cache=cache)
+        handle = self.batch.add(ids, *run.loop_args())
+        self.fed[handle] = (list(ids), cache)
+        return handle
+
+    def step(self) -> dict:
+        out = self.batch.step()
+        for handle, step in out.items():
+            self.fed[handle][0].append(step.token)
+        return out
+
+    def cancel(self, handle: int):
+        self.batch.cancel(handle)
+        self.fed.pop(handle, None)
+
+    def release(self, handle: int) -> tuple[list[int], list]:
+        return self.fed.pop(handle)
 
 
 class Scheduler:
