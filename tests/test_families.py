@@ -27,16 +27,22 @@ def cli(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
 
-def test_every_family_has_fixtures_in_both_config_spellings():
+def test_every_family_has_its_fixtures():
+    """The one check that a family is covered: transformers' parity fixtures (reference.npz) in both
+    config spellings where transformers 5 writes the new one, listed in conftest.FIXTURES under the
+    model_type their config.json says, and an inspect reference (inspect_reference.npz)."""
     from minigen.checkpoint.families import FAMILIES
     assert set(FIXTURES.values()) == set(FAMILIES)
     spellings = {}
     for name, family in FIXTURES.items():
         raw = json.loads((FIXTURES_DIR / name / "config.json").read_text())
+        assert raw["model_type"] == family and (FIXTURES_DIR / name / "reference.npz").is_file(), name
         new = "rope_parameters" in raw or ("dtype" in raw and "torch_dtype" not in raw)
         spellings.setdefault(family, set()).add("5.x" if new else "4.x")
     new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3"}
     assert all(spellings[f] == {"5.x", "4.x"} for f in new_families), spellings
+    inspected = {FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/inspect_reference.npz")}
+    assert inspected == set(FAMILIES), set(FAMILIES) - inspected
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
@@ -131,10 +137,11 @@ def test_unsupported_settings_name_the_field_and_value(edit, words, tmp_path):
 def test_longrope_generation_across_the_switch_equals_transformers_generate():
     """Phi-3 longrope: a 20-token prompt generated past original_max_position_embeddings (32). At the
     step that crosses it transformers re-runs the whole sequence with the long factors; so must we."""
+    from minigen.generation.options import Options
     from minigen.generation.steps import generate_step
     ref = dict(np.load(FIXTURES_DIR / "phi3_longrope_v4" / "reference_generate.npz"))
     model = load_model(FIXTURES_DIR / "phi3_longrope_v4")
-    steps = list(generate_step(model, ref["input_ids"], max_tokens=len(ref["generate_ids"])))
+    steps = list(generate_step(model, ref["input_ids"], Options(max_tokens=len(ref["generate_ids"]), temp=0, ignore_eos=True)))
     assert [s.token for s in steps] == ref["generate_ids"].tolist()
     assert np.abs(np.stack([s.logits for s in steps]) - ref["generate_logits"]).max() <= 1e-4
     assert len(ref["input_ids"]) < model.config.rope[0].original_max < len(ref["input_ids"]) + len(steps)

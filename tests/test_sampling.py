@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from minigen.generation.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler, min_p,
-                              repetition_penalty, sampling_settings, top_k, top_p)
+from minigen.generation.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler,
+                                         min_p_filter, repetition_penalty, top_k_filter, top_p_filter)
 
 PROBS = np.array([0.05, 0.4, 0.1, 0.25, 0.2], dtype=np.float32)  # sorted: 1, 3, 4, 2, 0
 LP = np.log(PROBS)
@@ -21,28 +21,28 @@ def test_log_softmax_normalises():
 @pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 3, 4}), (0, {0, 1, 2, 3, 4}),
                                          (9, {0, 1, 2, 3, 4})])
 def test_top_k_keeps_k(k, expected):
-    assert kept(top_k(LP, k)) == expected
+    assert kept(top_k_filter(LP, k)) == expected
 
 
 def test_top_k_keeps_ties_like_hf():
-    assert kept(top_k(np.log(np.array([0.3, 0.3, 0.3, 0.1])), 2)) == {0, 1, 2}
+    assert kept(top_k_filter(np.log(np.array([0.3, 0.3, 0.3, 0.1])), 2)) == {0, 1, 2}
 
 
 @pytest.mark.parametrize("p, expected", [(0.3, {1}), (0.4, {1}), (0.41, {1, 3}), (0.64, {1, 3}),
                                          (0.66, {1, 3, 4}), (0.9, {1, 3, 4, 2}), (0.96, {0, 1, 2, 3, 4}),
                                          (1.0, {0, 1, 2, 3, 4})])
 def test_top_p_smallest_set_reaching_p(p, expected):
-    assert kept(top_p(LP, p)) == expected
+    assert kept(top_p_filter(LP, p)) == expected
 
 
 @pytest.mark.parametrize("p, expected", [(0.49, {1, 3, 4}), (0.6, {1, 3}), (0.2, {1, 2, 3, 4}), (1.0, {1}),
                                          (0.0, {0, 1, 2, 3, 4})])
 def test_min_p_relative_to_max(p, expected):
-    assert kept(min_p(LP, p)) == expected  # 0.4 * 0.49 < 0.2 keeps 0.2; 0.4 * 0.2 = 0.08 drops 0.05
+    assert kept(min_p_filter(LP, p)) == expected  # 0.4 * 0.49 < 0.2 keeps 0.2; 0.4 * 0.2 = 0.08 drops 0.05
 
 
 def test_filters_keep_values_of_kept_tokens():
-    out = top_p(top_k(LP, 3), 0.5)
+    out = top_p_filter(top_k_filter(LP, 3), 0.5)
     assert np.array_equal(out[[1, 3]], LP[[1, 3]])
 
 
@@ -90,19 +90,45 @@ def test_categorical_never_draws_filtered_tokens():
     assert {categorical(lp, rng) for _ in range(50)} == {1}
 
 
-def test_seed_reproducible():
-    sampler = make_sampler(0.9, top_p=0.95, min_p=0.01)
-    a = [sampler(LP, np.random.default_rng(42)) for _ in range(1)]
-    r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
-    assert [sampler(LP, r1) for _ in range(50)] == [sampler(LP, r2) for _ in range(50)]
-    assert a == [sampler(LP, np.random.default_rng(42))]
+DRAWS = """
+import sys, numpy as np
+from minigen.generation.sampling import make_sampler
+lp = np.log(np.array([0.05, 0.4, 0.1, 0.25, 0.2], np.float32))
+sampler, rng = make_sampler(0.9, top_p=0.95, min_p=0.01), np.random.default_rng(int(sys.argv[1]))
+print(" ".join(str(sampler(lp, rng)) for _ in range(60)))
+"""
 
 
-def test_settings_from_generation_config():
-    assert sampling_settings({})["temp"] == 0.0  # no do_sample: greedy, as in HF
-    gc = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
-    s = sampling_settings(gc)
-    assert (s["temp"], s["top_p"], s["top_k"], s["min_p"], s["repeat_penalty"]) == (0.6, 0.9, 0, 0.0, 1.1)
-    s = sampling_settings(gc, temp=0.0, top_k=5, top_p=None)
-    assert (s["temp"], s["top_k"], s["top_p"]) == (0.0, 5, 0.9)
-    assert sampling_settings({"temperature": 0.6})["temp"] == 0.0
+def test_a_seed_gives_the_same_draws_in_another_process():
+    """Nothing but the seed decides the draws: not the process, its hash seed, or what ran before."""
+    import os
+    import subprocess
+    import sys
+    runs = [subprocess.run([sys.executable, "-c", DRAWS, "7"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": h}).stdout.split() for h in ("1", "2")]
+    sampler, rng = make_sampler(0.9, top_p=0.95, min_p=0.01), np.random.default_rng(7)
+    here = [str(sampler(LP, rng)) for _ in range(60)]
+    assert runs[0] == runs[1] == here
+    assert len(set(here)) >= 3  # a real sample, not a constant
+
+
+def test_different_seeds_draw_differently_on_a_flat_distribution():
+    flat = np.zeros(1000, np.float32)  # 1000 equally likely tokens
+    sampler = make_sampler(1.0)
+    draws = []
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        draws.append(tuple(sampler(flat, rng) for _ in range(20)))
+    assert len(set(draws)) == 5
+    assert len({t for d in draws for t in d}) > 80  # 100 draws from 1000 tokens: about 95 distinct
+
+
+def test_top_p_draws_follow_the_renormalised_distribution():
+    """top-p 0.7 keeps tokens 1, 3, 4 (0.4 + 0.25 + 0.2); draws follow 0.4/0.85, 0.25/0.85, 0.2/0.85
+    (chi-square, critical value 13.82 at p = 0.001, 2 degrees of freedom)."""
+    sampler, rng, n = make_sampler(1.0, top_p=0.7), np.random.default_rng(1), 20000
+    counts = np.bincount([sampler(LP, rng) for _ in range(n)], minlength=5)
+    assert counts[0] == counts[2] == 0
+    expected = PROBS[[1, 3, 4]] / PROBS[[1, 3, 4]].sum() * n
+    assert ((counts[[1, 3, 4]] - expected) ** 2 / expected).sum() < 13.82
+

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..engine.config import MAX_LAYERS, Config, Rope
 from ..engine.layers import ACTIVATIONS
-from ..errors import MinigenError, is_int, is_number, read_json_object, short
+from ..errors import MinigenError, is_int, is_number, is_real, read_json_object, short
 
 
 def load_config(path: str | Path) -> Config:
@@ -75,7 +75,7 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
-    "temperature": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
+    "temperature": (lambda v: is_real(v) and v >= 0, "a number >= 0"),
     "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     "top_p": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
@@ -138,7 +138,7 @@ class Fields:
 
     def number(self, *names, default=...) -> float:
         """A finite number of any sign."""
-        v = self._first(names, default, _finite, "a number")
+        v = self._first(names, default, is_real, "a number")
         return v if v is None else float(v)
 
     def nullable(self, read, name: str, default):
@@ -268,14 +268,4 @@ def _number(p: dict, name: str, kind: str, where: str) -> float:
 
 
 def _positive(v) -> bool:
-    return _finite(v) and v > 0
-
-
-def _finite(v) -> bool:
-    """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
-    if not is_number(v):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
+    return is_real(v) and v > 0
