@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from ..errors import MiB, MinigenError
+from .harness import Command, load_timed, model_option
 
 GRACE = 3.0   # seconds running requests may take to finish after SIGTERM/SIGINT
 
@@ -31,9 +32,8 @@ def positive(ctx, param, value):
     return value
 
 
-@click.command()
-@click.option("--model", "model_path", metavar="PATH|ID",
-              help="A checkpoint directory, a .gguf file or a hub id (org/name); default: the default model.")
+@click.command(cls=Command)
+@model_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; only with --api-key on a shared network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
@@ -53,10 +53,10 @@ def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb
     Concurrent requests share the model's steps (continuous batching): a request joins the running
     batch at the next step and leaves it when it ends. One line per request on stderr.
     """
-    from . import resolve_and_load
-    from ..serve.http import Server, build
-    model, tokenizer, load_seconds, resolved = resolve_and_load(model_path)
-    name = model_id(model_path, resolved)
+    from ..serve.http import Server, build   # numpy, tokenizers: loaded when the command runs
+    loaded = load_timed(model_path)
+    model, tokenizer, load_seconds = loaded.model, loaded.tokenizer, loaded.seconds
+    name = model_id(model_path, loaded.resolved)
     log = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
     app = build(model, tokenizer, name, max_batch, max_queue, prefix_cache_mb * MiB, api_key, log)
     scheduler = app.scheduler

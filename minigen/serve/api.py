@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from ..errors import MinigenError, OptionError, is_int, is_number, parse_json, short
 from ..generation.sampling import log_softmax
-from ..generation.steps import Options
+from ..generation.options import Options
+from ..generation.steps import chat_ids
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_TOP_LOGPROBS = 20
@@ -49,7 +50,7 @@ class ApiError(Exception):
 class Request:
     kind: str                    # "chat" | "completion"
     ids: list[int]               # the prompt's token ids (chat: the conversation through the template)
-    options: Options             # checked (Options.check); max_context is the model's
+    options: Options             # checked (Options.of); max_context None: the model's
     model: str
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
@@ -107,7 +108,7 @@ def get(body: dict, name: str, ok, what: str, default=None, where: str | None = 
 
 
 def run_options(body: dict, kind: str, context: int) -> Options:
-    """The request's fields as a run's Options, checked (Options.check), errors naming the request field."""
+    """The request's fields as a run's Options, checked where they are made (Options.of), errors naming the request field."""
     names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
     given = next((n for n in names if body.get(n) is not None), None)
     values = {opt: body.get(name) for name, opt in OPTION_FIELDS.items()}
@@ -115,14 +116,12 @@ def run_options(body: dict, kind: str, context: int) -> Options:
     stop = body.get("stop")
     values["stop"] = () if stop is None else (stop,) if isinstance(stop, str) else \
         tuple(stop) if isinstance(stop, list) else stop
-    options = Options(**values)
     try:
-        options.check()
+        return Options.of(**values)
     except OptionError as e:
         field_name = given if e.option == "max_tokens" else \
             next((n for n, o in OPTION_FIELDS.items() if o == e.option), e.option)
         raise ApiError(400, f"{field_name}: {e.message}", field_name) from None
-    return options
 
 
 def messages(value) -> list[dict]:
@@ -156,7 +155,6 @@ def content_text(content, role: str, where: str) -> str:
 
 
 def chat_prompt(tokenizer, msgs: list[dict]) -> list[int]:
-    from ..generation.steps import chat_ids
     if not tokenizer.chat_template:
         raise ApiError(400, "messages: this model has no chat template; use /v1/completions", "messages")
     try:

@@ -24,8 +24,9 @@ from typing import Callable
 
 from ..errors import MiB
 from . import api
-from .output import ClientGone, JobFailed, Output
-from .scheduler import Job, QueueFull, Scheduler, Stopping
+from .output import ClientGone, JobFailed, Locked, Output
+from .prefix import PrefixCache
+from .scheduler import Batched, ForkGate, Job, QueueFull, Scheduler, Stopping
 
 MAX_BODY = 8 * MiB        # bytes of request body (a prompt of a long context as ids is well under 1 MiB)
 IO_TIMEOUT = 60.0         # seconds a client may take to send its request or read a write
@@ -50,9 +51,6 @@ class App:
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
           api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
     """The App of one model, its scheduler started: `batch` defaults to the batch step (Batched)."""
-    from .output import Locked
-    from .prefix import PrefixCache
-    from .scheduler import Batched, ForkGate
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None

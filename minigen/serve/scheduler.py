@@ -24,7 +24,8 @@ from typing import Protocol, Sequence
 
 from ..errors import MinigenError
 from ..generation.batch import Batch
-from ..generation.steps import FIRST_ROOM, Options, Run, Step
+from ..generation.options import Options
+from ..generation.steps import FIRST_ROOM, Run
 from .prefix import PrefixCache
 
 
@@ -88,6 +89,13 @@ class BatchStep(Protocol):
     def release(self, handle: int) -> tuple[list[int], list]: ...
 
 
+def new_cache(model, ids: Sequence[int], options: Options) -> list:
+    """A KV cache for `ids` and a first stretch of tokens, as generate_step makes one: kept here, so the
+    sequence's cache can go to the prefix cache when it finishes."""
+    o = options.for_model(model)
+    return model.make_cache(min(o.max_context, len(ids) + min(o.max_tokens, FIRST_ROOM)))
+
+
 class OneAtATime:
     """The stand-in batch: each sequence is generate_step's generator; a step takes one token of each."""
 
@@ -97,10 +105,8 @@ class OneAtATime:
         self.handles = itertools.count()
 
     def add(self, ids: list[int], options: Options, cache: list | None) -> int:
-        if cache is None:
-            context = options.max_context or self.model.config.max_position_embeddings
-            cache = self.model.make_cache(min(context, len(ids) + min(options.max_tokens, FIRST_ROOM)))
-        run = Run(self.model, self.tokenizer, ids, options, cache=cache)
+        cache = cache if cache is not None else new_cache(self.model, ids, options)
+        run = Run(self.model, self.tokenizer, ids, options, cache=cache)   # checks the prompt
         handle = next(self.handles)
         self.seqs[handle] = (run.steps(), list(ids), cache)
         return handle
@@ -134,11 +140,8 @@ class Batched:
         self.fed: dict[int, tuple[list[int], list]] = {}
 
     def add(self, ids: list[int], options: Options, cache: list | None) -> int:
-        if cache is None:
-            context = options.max_context or self.model.config.max_position_embeddings
-            cache = self.model.make_cache(min(context, len(ids) + min(options.max_tokens, FIRST_ROOM)))
-        run = Run(self.model, self.tokenizer, ids, options, cache=cache)
-        handle = self.batch.add(ids, *run.loop_args())
+        cache = cache if cache is not None else new_cache(self.model, ids, options)
+        handle = self.batch.add(ids, options, cache)   # checks the prompt (options.check_prompt)
         self.fed[handle] = (list(ids), cache)
         return handle
 
