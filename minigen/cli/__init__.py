@@ -4,6 +4,7 @@
     run.py      generate (its run flags come from generation/options.py's table), info, convert
     chat.py     the chat REPL
     inspect.py  attention, ablate, patch, lens, dla, trace
+    serve.py    the OpenAI-compatible server (minigen/serve/)
 
 Ctrl-C while Python imports minigen's modules (numpy, tokenizers, ...: the first fraction of a second)
 exits 130 with one line, as it does while loading or generating: the imports below are the heavy
@@ -18,7 +19,7 @@ import sys
 try:
     import click
 
-    from . import chat, inspect, run, scores
+    from . import chat, inspect, run, scores, serve
     from .harness import Group
 except KeyboardInterrupt:
     try:
@@ -35,5 +36,5 @@ def main():
 
 
 for command in (run.generate, run.info, chat.chat, run.convert, inspect.attention, inspect.ablate, inspect.patch,
-                inspect.lens, inspect.dla, inspect.trace, scores.score, scores.perplexity):
+                inspect.lens, inspect.dla, inspect.trace, scores.score, scores.perplexity, serve.serve):
     main.add_command(command)
