@@ -18,7 +18,8 @@ import uuid
 import numpy as np
 from dataclasses import dataclass, field
 
-from ..errors import MinigenError, OptionError, is_int, is_number, parse_json, short
+from ..errors import MinigenError, OptionError, is_int, is_number, short
+from ..files import parse_json
 from ..generation.sampling import log_softmax
 from ..generation.options import Options
 from ..generation.steps import chat_ids

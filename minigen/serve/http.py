@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from ..errors import MiB
+from ..files import MiB
 from . import api
 from .output import ClientGone, JobFailed, Locked, Output
 from .prefix import PrefixCache
