@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import MiB, MinigenError
+from ..errors import MinigenError
+from ..files import MiB
 from .harness import Command, load_timed, model_option
 
 GRACE = 3.0   # seconds running requests may take to finish after SIGTERM/SIGINT
