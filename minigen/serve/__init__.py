@@ -7,5 +7,5 @@
     prefix.py     KV caches of token-id prefixes seen before, within a memory budget
     http.py       the routes on the standard library's ThreadingHTTPServer: parse, call, reply
 
-May import: generation, engine, text, errors. Nothing here prints: the CLI gives a `log` callback.
+May import: generation, engine, text, errors, files. Nothing here prints: the CLI gives a `log` callback.
 """
