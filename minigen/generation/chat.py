@@ -24,6 +24,7 @@ from ..engine.cache import checkpoint, reusable_prefix, truncate
 from ..errors import MinigenError, first_line
 from ..files import MiB, atomic_write, read_regular
 from .options import Options
+from .speculative import common_prefix
 from .steps import Run, chat_ids
 
 
@@ -141,14 +142,6 @@ class Reply:
             self.session._end_turn(self)
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def has_system(messages: list[dict]) -> bool:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 from ..engine.cache import KVCache, reusable_prefix
-from ..generation.chat import common_prefix
+from ..generation.speculative import common_prefix
 
 MIN_REUSE = 16   # tokens: below this, a copy saves next to nothing
 
