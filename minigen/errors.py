@@ -58,3 +58,14 @@ def first_line(e: BaseException) -> str:
     """An exception's message cut to its first line (a library's multi-line message in a one-line error)."""
     line = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+def ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'-style text for messages."""
+    out, start = [], None
+    for a, b in zip(xs, xs[1:] + [None]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = None
+    return ",".join(out)

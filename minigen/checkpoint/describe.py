@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .families import FAMILIES
+from ..errors import ranges
 from .weights import DTYPE_NAMES, checkpoint_dtypes
 
 
@@ -36,20 +37,9 @@ def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
 def mixer_rows(c) -> list[tuple[str, str]]:
     """For a hybrid: which layers run which token mixer, and what of the checkpoint is not loaded."""
     kinds = [c.mixer(i) for i in range(c.n_layers)]
-    spans = lambda k: ",".join(_spans([i for i, m in enumerate(kinds) if m == k]))  # noqa: E731
+    spans = lambda k: ranges([i for i, m in enumerate(kinds) if m == k])  # noqa: E731
     rows = [] if set(kinds) == {"attention"} else \
         [("token mixers", "; ".join(f"{k} in layers {spans(k)}" for k in dict.fromkeys(kinds)))]
     skipped = FAMILIES[c.model_type].skipped
     return rows + ([("not loaded", ", ".join(f"{s}*" for s in skipped) + " (vision tower, multi-token prediction)")]
                    if "model.visual." in skipped else [])
-
-
-def _spans(xs: list[int]) -> list[str]:
-    """[0, 1, 2, 5] -> ['0-2', '5']."""
-    out, start = [], None
-    for a, b in zip(xs, xs[1:] + [None]):
-        start = a if start is None else start
-        if b != a + 1:
-            out.append(str(start) if start == a else f"{start}-{a}")
-            start = None
-    return out

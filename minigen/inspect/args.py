@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import MinigenError
+from ..errors import MinigenError, ranges
 
 
 def index(i: int, n: int, what: str, flag: str) -> int:
@@ -53,17 +53,6 @@ def head_items(text: str, cfg, flag: str = "--heads") -> list[tuple[int, int]]:
         heads = range(cfg.n_heads) if m[2] == "*" else [index(int(m[2]), cfg.n_heads, "head", flag)]
         out += [(layer, h) for h in heads if (layer, h) not in out]
     return out
-
-
-def ranges(xs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'-style text for messages."""
-    out, start = [], None
-    for a, b in zip(xs, xs[1:] + [None]):
-        start = a if start is None else start
-        if b != a + 1:
-            out.append(str(start) if start == a else f"{start}-{a}")
-            start = None
-    return ",".join(out)
 
 
 def layer_head(cfg, layer: int, head: int):

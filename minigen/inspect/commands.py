@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import MinigenError
+from ..errors import MinigenError, ranges
 from ..files import OutputFile
 from . import dump as D
 from . import effects, lens, stats
 from .html import render_html
-from .args import attention_selection, head_items, layer_head, position, ranges, selection, vocab_token
+from .args import attention_selection, head_items, layer_head, position, selection, vocab_token
 from .recurrent import trace_recurrent
 from .internals import induction_probe, prompt_attention, trace_lines, value_norms
 

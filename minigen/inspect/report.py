@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .args import ranges
+from ..errors import ranges
 from .stats import PROBE_SCORES, STAT_HELP, STATS, strongest
 
 KINDS = [  # (label, statistic, lowest?) for the "strongest heads" summary
