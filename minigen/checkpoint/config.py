@@ -11,7 +11,7 @@ Both generations of transformers' config.json are read: `rope_theta` / `rope_sca
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from ..engine.config import MAX_LAYERS, Config, Rope
@@ -30,8 +30,10 @@ def load_config(path: str | Path) -> Config:
 
 def parse_config(raw: dict, where: str = "config.json") -> Config:
     """config.json's fields -> Config: the sizes every family has, then the family's own reading."""
-    from .families import FAMILIES  # the table needs this module's readers: imported here, not above
+    from .families import FAMILIES, WRAPPERS  # the tables need this module's readers: imported here, not above
     model_type = raw.get("model_type")
+    if model_type in WRAPPERS and "text_config" in raw:
+        return parse_wrapped(raw, where)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise MinigenError(f"{where}: unsupported model_type {model_type!r} (minigen supports {known})")
@@ -71,6 +73,26 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     f["layer_types"] = tuple(f.get("layer_types") or ("full_attention",) * n_layers)
     _check_layers(f, where)
     return Config(**f)
+
+
+def parse_wrapped(raw: dict, where: str) -> Config:
+    """A multimodal checkpoint's config.json -> the Config of its language model (text_config), with what
+    the top level decides: tying (the wrapper's default when absent, as transformers reads it), the
+    architectures, the saved dtype, and the image tokens a prompt must not hold."""
+    from .families import WRAPPERS
+    wrapper = WRAPPERS[raw["model_type"]]
+    get = Fields(raw, where)
+    text = dict(get.dict("text_config"))
+    text.setdefault("model_type", wrapper.text_model_type)
+    text["tie_word_embeddings"] = get.bool("tie_word_embeddings", default=wrapper.tie_word_embeddings)
+    for name in ("bos_token_id", "eos_token_id"):
+        if text.get(name) is None and raw.get(name) is not None:
+            text[name] = raw[name]
+    text["architectures"] = get.strings("architectures")
+    text.setdefault("dtype", raw.get("dtype") or raw.get("torch_dtype"))
+    images = {get.token_id(name) for name in ("image_token_id", "image_token_index")} - {None}
+    cfg = parse_config(text, f"{where} (text_config)")
+    return replace(cfg, wrapper=raw["model_type"], image_token_ids=tuple(sorted(images)), raw=raw)
 
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
@@ -178,7 +200,7 @@ class Fields:
 
 # --- RoPE -----------------------------------------------------------------------------------------
 
-ROPE_KINDS = ("default", "linear", "llama3", "longrope")
+ROPE_KINDS = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def rope_parameters(get: Fields, layer_type: str | None = None) -> dict:
@@ -228,7 +250,44 @@ def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where),
                         low_freq_factor=_number(p, "low_freq_factor", kind, where),
                         high_freq_factor=_number(p, "high_freq_factor", kind, where), original_max=original)
+    if kind == "yarn":
+        return _yarn(rope, p, f, where)
     return _longrope(rope, p, get, f, defaults)
+
+
+def _yarn(rope: Rope, p: dict, f: dict, where: str) -> Rope:
+    """YaRN's settings as transformers reads them: original_max_position_embeddings defaults to
+    max_position_embeddings; an explicit `factor` is used even where it disagrees with max / original
+    (transformers warns and uses it), the ratio only when there is none; the attention factor from
+    mscale / mscale_all_dim unless given; beta_fast / beta_slow default to 32 / 1 (also when 0 or null)."""
+    original = p.get("original_max_position_embeddings") or f["max_position_embeddings"]
+    if not (is_int(original) and original > 0):
+        raise MinigenError(f"{where}: rope scaling 'yarn' needs a positive integer "
+                           f"'original_max_position_embeddings', got {short(original)}")
+    factor = p.get("factor")
+    factor = f["max_position_embeddings"] / original if factor is None else factor
+    if not _positive(factor):
+        raise MinigenError(f"{where}: rope scaling 'yarn' needs a positive number 'factor', got {short(factor)}")
+    for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "llama_4_scaling_beta"):
+        if p.get(name) is not None and not _finite(p[name]):
+            raise MinigenError(f"{where}: rope scaling 'yarn': {name!r} should be a number, got {short(p[name])}")
+    attention = p.get("attention_factor")
+    if attention is None:
+        mscale, all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim) if mscale and all_dim \
+            else _yarn_mscale(factor)
+    if not _positive(attention):
+        raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {short(attention)}")
+    truncate = p.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise MinigenError(f"{where}: rope scaling 'yarn': 'truncate' should be true or false, got {short(truncate)}")
+    return _replace(rope, kind="yarn", factor=float(factor), original_max=int(original),
+                    attention_factor=float(attention), beta_fast=float(p.get("beta_fast") or 32),
+                    beta_slow=float(p.get("beta_slow") or 1), truncate=truncate)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 def _longrope(rope: Rope, p: dict, get: Fields, f: dict, defaults: dict) -> Rope:

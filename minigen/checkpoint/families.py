@@ -14,14 +14,20 @@ Canonical names, per layer unless global:
     q_norm, k_norm                                         RMSNorm on q and k
     wqkv, bqkv, wo, bo                                     attention: fused q/k/v (out, in), output proj
     w_gate_up, b_gate_up, w_up, b_up, w_down, b_down       MLP: fused gate/up (gated) or up (plain)
+    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F)
+
+A multimodal checkpoint (`WRAPPERS`: Gemma 3, Mistral 3, Qwen3.5) is read as its language model: its
+config.json's `text_config` is the family's config, its tensors under the language model's prefix are the
+family's tensors, and the vision tower and projector are left unread.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .config import Fields, read_rope, rope_parameters
-from ..errors import MinigenError
+from ..errors import MinigenError, is_number, short
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,11 @@ SANDWICH = _llama_tensors(  # Gemma 2/3: a norm before and after both attention 
 OLMO2 = _llama_tensors(  # norms after attention and MLP only
     attn_post_norm="model.layers.{}.post_attention_layernorm.weight",
     mlp_post_norm="model.layers.{}.post_feedforward_layernorm.weight")
+GRANITEMOE = {k: v for k, v in _llama_tensors(
+    router="model.layers.{}.block_sparse_moe.router.layer.weight",
+    experts_gate_up="model.layers.{}.block_sparse_moe.input_linear.weight",
+    experts_down="model.layers.{}.block_sparse_moe.output_linear.weight").items()
+    if not k.startswith(("w_gate_up", "b_gate_up", "w_down", "b_down"))}
 PHI3 = _llama_tensors(wqkv="model.layers.{}.self_attn.qkv_proj.weight",
                       w_gate_up="model.layers.{}.mlp.gate_up_proj.weight")
 
@@ -188,6 +199,64 @@ def _smollm3(get, f):
             "layer_types": _layer_types(get, f, lambda i: window is not None and not uses[i])}
 
 
+def _granite(get, f):
+    """Granite's four multipliers: embeddings x embedding_multiplier, scores x attention_multiplier (instead
+    of 1/sqrt(head_dim)), both blocks' outputs x residual_multiplier, logits / logits_scaling. transformers'
+    defaults are 1.0 for all four (attention_multiplier too: not 1/sqrt(head_dim))."""
+    return {**_biases(get, f), "embedding_multiplier": get.number("embedding_multiplier", default=1.0),
+            "attn_scale": get.float("attention_multiplier", default=1.0),
+            "residual_multiplier": get.number("residual_multiplier", default=1.0),
+            "logits_scaling": get.float("logits_scaling", default=1.0)}
+
+
+def _granitemoe(get, f):
+    out = {**_granite(get, f), **_experts(get, "num_local_experts", 8, "num_experts_per_tok", 2)}
+    out["mlp_bias"] = False  # GraniteMoE has no mlp_bias (a field its config does not read)
+    return out
+
+
+def _experts(get, n_name: str, n_default: int, k_name: str, k_default: int) -> dict:
+    n, k = get.int(n_name, default=n_default), get.int(k_name, default=k_default)
+    if k > n:
+        raise_field(get, k_name, f"at most {n_name} ({n})")
+    return {"n_experts": n, "experts_per_token": k}
+
+
+def _olmo3(get, f):
+    """OLMo 3: OLMo 2 with a window on the layers layer_types says (by default 3 of every 4); sliding layers
+    use plain RoPE, full layers the scaling. In the 4.x spelling (rope_theta + rope_scaling) the scaling is
+    the full layers' only, and transformers gives the sliding layers Olmo3Config's default theta (500000):
+    its reader pops rope_theta for the full layers first (Olmo3Config.convert_rope_params_to_dict)."""
+    window = get.nullable(get.int, "sliding_window", 4096)
+    types = _layer_types(get, f, lambda i: (i + 1) % 4 != 0)
+    nested = isinstance(get.dict("rope_parameters").get("full_attention"), dict)
+    if nested:
+        full = read_rope(get, f, {"rope_theta": 500000.0}, rope_parameters(get, "full_attention"))
+        local = read_rope(get, f, {"rope_theta": 500000.0}, rope_parameters(get, "sliding_attention"))
+    else:
+        full = read_rope(get, f, {"rope_theta": 500000.0}, get.dict("rope_scaling"))
+        local = read_rope(get, f, {}, {}, theta=500000.0)
+    return {**_biases(get, f), "sliding_window": window, "layer_types": types,
+            "rope": tuple(local if window is not None and t == "sliding_attention" else full for t in types)}
+
+
+def _ministral3(get, f):
+    """Ministral 3: Mistral with YaRN and llama 4's query scale (rope_parameters' llama_4_scaling_beta),
+    which transformers applies on every layer with original_max_position_embeddings as its period."""
+    out = {**_biases(get, f), **_all_sliding(get, f, None)}
+    p = rope_parameters(get)
+    rope = read_rope(get, f, {"rope_theta": 1e6}, p)
+    beta = p.get("llama_4_scaling_beta")
+    if beta is not None:
+        if not (is_number(beta) and math.isfinite(beta)):
+            raise MinigenError(f"{get.where}: rope 'llama_4_scaling_beta' should be a number, got {short(beta)}")
+        if not rope.original_max:
+            raise MinigenError(f"{get.where}: rope 'llama_4_scaling_beta' needs 'original_max_position_embeddings'")
+        rope = replace(rope, query_beta=float(beta))
+    out["rope"] = (rope,) * f["n_layers"]
+    return out
+
+
 def raise_field(get: Fields, name: str, what: str):
     raise MinigenError(f"{get.where}: field {name!r} should be {what}, got {get.raw.get(name)!r}")
 
@@ -225,4 +294,32 @@ FAMILIES = {
         fix={"wqkv": "neox_qkv", "bqkv": "neox_qkv"},
         ignored=(_N + "attention.bias", _N + "attention.masked_bias", _N + "attention.rotary_emb.inv_freq")),
     "smollm3": Family(LLAMA, read=_smollm3, defaults=dict(tie_word_embeddings=True, max_position_embeddings=32768)),
+    "granite": Family(LLAMA, read=_granite, ignored=LLAMA_IGNORED),
+    "granitemoe": Family(GRANITEMOE, features=dict(mlp="moe"), read=_granitemoe),
+    "olmo3": Family(OLMO2, features=dict(pre_norms=False, post_norms=True, qk_norm="proj"), read=_olmo3,
+                    defaults=dict(norm_eps=1e-5)),
+    "ministral3": Family(LLAMA, read=_ministral3, defaults=dict(max_position_embeddings=262144, norm_eps=1e-5,
+                                                                head_dim=128)),
+}
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal checkpoint around a language model: where its text model's tensors are (the layout of
+    transformers 4.5x's save, `language_model.model.*`, or 5.x's, `model.language_model.*`), which tensor
+    prefixes belong to the vision tower and projector (left unread), and transformers' defaults for the
+    fields the top level decides (tie_word_embeddings: the wrapper's own, not text_config's)."""
+    text_model_type: str                  # text_config's model_type when it has none
+    vision: tuple                         # prefixes of the tensors minigen does not read
+    tie_word_embeddings: bool = True
+    renames: tuple = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                      ("model.language_model.", "model."))
+
+
+WRAPPERS = {
+    "gemma3": Wrapper("gemma3_text", ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                      "model.multi_modal_projector.")),
+    "mistral3": Wrapper("mistral", ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                    "model.multi_modal_projector.")),
+    "qwen3_5": Wrapper("qwen3_5_text", ("model.visual.", "visual."), tie_word_embeddings=False),
 }

@@ -9,6 +9,7 @@ traceback.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import signal
@@ -339,8 +340,9 @@ def info(model_path):
     rows = [
         ("model", resolved.origin),
         ("path", str(model.path)),
-        ("architecture", f"{c.model_type} ({arch})"),
+        ("architecture", f"{c.model_type} ({'the language model of ' + c.wrapper + ', ' if c.wrapper else ''}{arch})"),
         ("parameters", f"{model.n_params:,} ({model.n_params / 1e6:.1f} M)"),
+        *vision_rows(model),
         ("layers", c.n_layers),
         ("hidden size", c.hidden_size),
         ("intermediate size", c.intermediate_size),
@@ -358,6 +360,21 @@ def info(model_path):
     for name, value in rows:
         click.echo(f"{name + ':':<19}{value}")
 
+
+
+def vision_rows(model) -> list:
+    """A multimodal checkpoint's vision tower and projector: what `info` says of what minigen does not read."""
+    from ..checkpoint.weights import index_checkpoint, vision_tensors
+    c = model.config
+    if not c.wrapper:
+        return []
+    skipped = vision_tensors(c.wrapper, index_checkpoint(model.path))
+    n = sum(math.prod(r.shape) for r in skipped)
+    rows = [("vision", f"a vision tower and projector ({c.wrapper}: {len(skipped)} tensors, {n:,} parameters, "
+                       f"not loaded and not counted above): minigen runs the language model, text only")]
+    if c.image_token_ids:
+        rows.append(("image tokens", ", ".join(f"#{i}" for i in c.image_token_ids) + " (refused in a prompt)"))
+    return rows
 
 
 # --- chat (issue 12) ------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config
 from ..errors import MinigenError
-from .layers import activation, apply_rope, layer_norm, rms_norm, rope_tables, softcap
+from .layers import activation, apply_rope, layer_norm, query_scale, rms_norm, rope_tables, softcap
+from .moe import moe_mlp
 
 
 class Hooks:
@@ -99,7 +100,7 @@ def heads_into(x: np.ndarray, p: dict, cfg: Config, rope, q: np.ndarray, k: np.n
 
 def rows_of(rope, r: slice):
     """The RoPE tables (cos, sin), each (T, dim), for the rows r, or None."""
-    return None if rope is None else (rope[0][r], rope[1][r])
+    return None if rope is None else tuple(t[r] for t in rope)
 
 
 def after_attention(x: np.ndarray, z: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> None:
@@ -108,6 +109,8 @@ def after_attention(x: np.ndarray, z: np.ndarray, p: dict, cfg: Config, i: int, 
     a = linear(z.reshape(len(z), -1), p["wo"], p.get("bo"))                 # (T, D)
     if cfg.post_norms:
         a = norm(a, p, cfg, "attn_post_norm")
+    if cfg.residual_multiplier != 1.0:  # Granite
+        a *= np.float32(cfg.residual_multiplier)
     if hooks:
         a = hooks.attn_out(i, a)
     if cfg.parallel_residual:  # both blocks read the same x
@@ -123,6 +126,8 @@ def mlp_out(x: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> np.ndarray:
     m = mlp_block(x, p, cfg)
     if cfg.post_norms:
         m = norm(m, p, cfg, "mlp_post_norm")
+    if cfg.residual_multiplier != 1.0:  # Granite
+        m *= np.float32(cfg.residual_multiplier)
     return hooks.mlp_out(i, m) if hooks else m
 
 
@@ -133,13 +138,16 @@ def rope_of(cfg: Config, layer: int):
 
 def rope_for(cfg: Config, positions: np.ndarray) -> dict:
     """{Rope: (cos, sin) for these positions}: one table per distinct RoPE of the model."""
-    return {r: rope_tables(r, positions) for r in set(cfg.rope) if r is not None} if cfg.positions == "rope" else {}
+    return {r: rope_tables(r, positions) + ((query_scale(r, positions),) if r.query_beta else ())
+            for r in set(cfg.rope) if r is not None} if cfg.positions == "rope" else {}
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     x = params["embed"][ids]                                                 # (T, D), a copy
     if cfg.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
         x *= np.float32(cfg.hidden_size ** 0.5)
+    if cfg.embedding_multiplier != 1.0:  # Granite
+        x *= np.float32(cfg.embedding_multiplier)
     if cfg.positions == "learned":
         x += params["pos_embed"][positions]
     return x
@@ -148,6 +156,8 @@ def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> 
 def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
     """The final norm, the output projection, and the family's soft-cap: (T, D) -> (T, V)."""
     logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (T, V)
+    if cfg.logits_scaling != 1.0:  # Granite
+        logits /= np.float32(cfg.logits_scaling)
     return softcap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
 
@@ -175,8 +185,10 @@ def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np
         qk = np.concatenate([rms_norm(qk[:, :H], p["q_norm"], cfg.norm_eps),
                              rms_norm(qk[:, H:], p["k_norm"], cfg.norm_eps)], axis=1)
     if rope is not None:  # q and k heads rotate alike: one call for both
-        cos, sin = rope
+        cos, sin = rope[:2]
         qk = apply_rope(qk, cos[:, None], sin[:, None])
+        if len(rope) > 2:  # Ministral 3: each position's queries x its scale
+            qk[:, :H] *= rope[2][:, None, None]
     qk = qk.transpose(1, 0, 2)                                               # (H + KV, T, d)
     v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
     return qk[:H], qk[H:], v
@@ -206,6 +218,8 @@ def heads_output(q: np.ndarray, cache: KVCache, offset: int, cfg: Config, i: int
 
 
 def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    if cfg.mlp == "moe":
+        return moe_mlp(x, p, cfg)
     act = activation(cfg.act)
     if cfg.mlp == "plain":
         return linear(act(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
@@ -266,6 +280,11 @@ class Model:
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise MinigenError(f"token id {int(ids.max() if ids.max() >= self.config.vocab_size else ids.min())} "
                                f"is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        images = np.isin(ids, self.config.image_token_ids) if self.config.image_token_ids else None
+        if images is not None and images.any():
+            raise MinigenError(f"token id {int(ids[images][0])} at position {int(np.argmax(images))} is the "
+                               f"checkpoint's image token: minigen runs the {self.config.wrapper} checkpoint's "
+                               f"language model only (its vision tower is not loaded), so a prompt cannot hold images")
         return ids
 
     @property

@@ -154,6 +154,7 @@ def logit_diff(model, x_row: np.ndarray, answer: int, wrong: int) -> float:
     cfg, params = model.config, model.params
     h = M.norm(np.asarray(x_row, np.float32)[None], params, cfg, "final_norm")      # (1, D)
     logits = (h @ params["lm_head"][[answer, wrong]].T)[0].astype(np.float64)        # (2,)
+    logits /= cfg.logits_scaling  # Granite
     if cfg.final_softcap:
         logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
     return float(logits[0] - logits[1])
