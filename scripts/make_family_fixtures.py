@@ -357,9 +357,55 @@ def make(name: str) -> dict:
                 kb=size // 1024)
 
 
+# --- routed experts: transformers' routing and expert ablation -----------------------------------------------
+
+EXPERT_FIXTURES = ("granitemoe", "granitemoe_v4")
+
+
+@torch.no_grad()
+def expert_reference(name: str) -> None:
+    """tests/fixtures/<name>/expert_reference.npz: each layer's routing as GraniteMoeTopKRouter returns it
+    (top_k_index, top_k_weights: a forward hook), and the logits with some experts' down projections zeroed
+    in the state dict (the expert adds nothing where it was chosen; nothing else changes)."""
+    path = OUT / name
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = np.load(path / "reference.npz")["input_ids"].astype(np.int64)
+    x = torch.tensor(ids)[None]
+    layers = model.model.layers
+    seen = {}
+    hooks = [layer.block_sparse_moe.router.register_forward_hook(
+        lambda mod, args, out, l=l: seen.__setitem__(l, out)) for l, layer in enumerate(layers)]
+    clean = model(x).logits[0]
+    for h in hooks:
+        h.remove()
+    experts = np.stack([seen[l][2].numpy() for l in range(len(layers))])              # (L, T, k)
+    weights = np.stack([seen[l][1].float().numpy() for l in range(len(layers))])      # (L, T, k)
+    E, L = model.config.num_local_experts, len(layers)
+    first = int(experts[0, -1, 0])  # the last token's best expert in layer 0: an ablation that must matter
+    sets = [[[0, first]], [[L - 1, 0], [0, E - 1]], [[L - 1, e] for e in range(E)]]
+    ablated = []
+    for s in sets:
+        saved = {l: layers[l].block_sparse_moe.experts.down_proj.detach().clone() for l, _ in s}
+        for l, e in s:
+            layers[l].block_sparse_moe.experts.down_proj.data[e] = 0
+        ablated.append(model(x).logits[0].numpy())
+        for l, w in saved.items():
+            layers[l].block_sparse_moe.experts.down_proj.data.copy_(w)
+    for a in ablated:
+        assert np.abs(a - clean.numpy()).max() > 1e-3, "an expert ablation that changes nothing tests nothing"
+    np.savez_compressed(path / "expert_reference.npz", input_ids=ids, experts=experts.astype(np.int64),
+                        weights=weights.astype(np.float32), ablations=np.array(json.dumps(sets)),
+                        ablated=np.stack(ablated).astype(np.float32),
+                        transformers_version=np.array(transformers.__version__))
+    print(f"{name}: routing of {experts.shape[1]} tokens in {L} layers, {len(sets)} expert ablations")
+
+
 def main(names: list[str]) -> None:
     for name in names or list(FIXTURES):
-        print(json.dumps(make(name)))
+        if name in FIXTURES:
+            print(json.dumps(make(name)))
+        if name in EXPERT_FIXTURES:
+            expert_reference(name)
 
 
 if __name__ == "__main__":
