@@ -83,11 +83,11 @@ def weight_names(model) -> dict:
 def instrument(model, clock: Clock):
     """Wrap minigen.engine.model's pieces with the clock; returns a function that undoes it."""
     names = weight_names(model)
-    saved = {k: getattr(M, k) for k in ("linear", "heads_output", "norm", "apply_rope", "activation", "unembed",
+    saved = {k: getattr(M, k) for k in ("linear", "attend_cached", "norm", "apply_rope", "activation", "unembed",
                                          "rope_for")}
     saved_extend = M.KVCache.extend
     M.linear = clock.wrap(lambda x, w, b=None: "gemv " + names.get(id(w), "?"), saved["linear"])
-    M.heads_output = clock.wrap("attention over the cache", saved["heads_output"])
+    M.attend_cached = clock.wrap("attention over the cache", saved["attend_cached"])
     M.norm = clock.wrap("norms", saved["norm"])
     M.unembed = clock.wrap("gemv lm_head", saved["unembed"])                  # its final norm counts as a norm
     M.rope_for = clock.wrap("rope", saved["rope_for"])
@@ -110,14 +110,18 @@ def prompt(model_dir: Path, n: int) -> list[int]:
 
 # --- prefill: phases of a layer --------------------------------------------------------------------
 
+PHASES = {"norm": "attention's norm", "qkv_heads": "q/k/v projection, q/k norm, RoPE",
+          "linear": "o_proj", "mlp_block": "MLP (its norm, gate/up, down)"}   # parallel.by_rows's functions
+
+
 class PhaseClock:
-    """Times minigen.engine.model's calls to parallel.run (the two row phases of a layer) and heads_output."""
+    """Times minigen.engine.model's row-wise phases (its calls to parallel.by_rows) and attend_cached."""
 
     def __init__(self):
         self.seconds = defaultdict(float)
 
     def install(self):
-        real_parallel, real_heads_output = M.parallel, M.heads_output
+        real_parallel, real_attend = M.parallel, M.attend_cached
         clock = self
 
         class Shim:
@@ -125,43 +129,40 @@ class PhaseClock:
                 return getattr(real_parallel, name)
 
             @staticmethod
-            def run(tasks, threads):
-                fn = tasks[0].func.__name__ if tasks else "?"
-                label = {"heads_into": "norm, q/k/v projection, RoPE",
-                         "after_attention": "o_proj, MLP, residual adds"}.get(fn, fn)
+            def by_rows(fn, *rows, **kw):
+                label = PHASES.get(fn.__name__, fn.__name__)
                 start = time.perf_counter()
                 try:
-                    return real_parallel.run(tasks, threads)
+                    return real_parallel.by_rows(fn, *rows, **kw)
                 finally:
                     clock.seconds[label] += time.perf_counter() - start
 
-        def heads_output(*args, **kwargs):
+        def attend_cached(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return real_heads_output(*args, **kwargs)
+                return real_attend(*args, **kwargs)
             finally:
                 clock.seconds["attention"] += time.perf_counter() - start
 
-        M.parallel, M.heads_output = Shim(), heads_output
+        M.parallel, M.attend_cached = Shim(), attend_cached
 
         def undo():
-            M.parallel, M.heads_output = real_parallel, real_heads_output
+            M.parallel, M.attend_cached = real_parallel, real_attend
         return undo
 
 
 def projection_shapes(model) -> dict:
     """{phase: [(out, in) of each weight GEMM of one layer in that phase]} (lm_head apart)."""
     p = model.params["layers"][0]
-    first = [p["wqkv"].shape]
-    rest = [p["wo"].shape] + [p[k].shape for k in ("w_gate_up", "w_up", "w_down") if k in p]
-    return {"norm, q/k/v projection, RoPE": first, "o_proj, MLP, residual adds": rest}
+    return {PHASES["qkv_heads"]: [p["wqkv"].shape], PHASES["linear"]: [p["wo"].shape],
+            PHASES["mlp_block"]: [p[k].shape for k in ("w_gate_up", "w_up", "w_down") if k in p]}
 
 
 def numpy_gemm_seconds(model, n: int, repeats: int) -> dict:
     """Seconds of the weight GEMMs alone, per phase, over all layers: x (n, in) @ w.T in NumPy."""
     out = {}
     for phase, _ in projection_shapes(model).items():
-        keys = ["wqkv"] if phase.startswith("norm") else [k for k in ("wo", "w_gate_up", "w_up", "w_down")
+        keys = {PHASES["qkv_heads"]: ["wqkv"], PHASES["linear"]: ["wo"]}.get(phase) or [k for k in ("w_gate_up", "w_up", "w_down")
                                                              if k in model.params["layers"][0]]
         xs = {}
         times = []

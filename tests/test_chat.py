@@ -182,11 +182,11 @@ def test_ctrl_c_inside_a_forward_leaves_a_consistent_cache(monkeypatch):
     session = ChatSession(model, tok, system=SYSTEM, **options)
     real_mlp, calls = sys.modules["minigen.engine.model"].mlp_block, []
 
-    def mlp_block(*args):  # 3 layers: the prefill, two decode steps, then layer 1 of the third
+    def mlp_block(*args, **kw):  # 3 layers: the prefill, two decode steps, then layer 1 of the third
         calls.append(1)
         if len(calls) == 3 + 2 * 3 + 2:
             raise KeyboardInterrupt
-        return real_mlp(*args)
+        return real_mlp(*args, **kw)
 
     monkeypatch.setattr(sys.modules["minigen.engine.model"], "mlp_block", mlp_block)
     reply, printed = session.reply(LINES[0]), ""

@@ -26,8 +26,8 @@ def test_row_chunks_cover_the_rows_in_a_multiple_of_the_threads(two_threads):
 
 
 def test_run_keeps_order_and_a_nested_run_does_not_wait_on_the_pool(two_threads):
-    assert parallel.run([lambda i=i: i * i for i in range(9)], 2) == [i * i for i in range(9)]
-    assert parallel.run([lambda: parallel.run([lambda: 1, lambda: 2], 2), lambda: 3], 2) == [[1, 2], 3]
+    assert parallel.in_threads([lambda i=i: i * i for i in range(9)], 2) == [i * i for i in range(9)]
+    assert parallel.in_threads([lambda: parallel.in_threads([lambda: 1, lambda: 2], 2), lambda: 3], 2) == [[1, 2], 3]
 
 
 def test_a_first_run_counts_openblas_threads_before_it_sets_them_to_one():
@@ -39,7 +39,7 @@ def test_a_first_run_counts_openblas_threads_before_it_sets_them_to_one():
             "from minigen.engine import parallel\n"
             "if parallel._openblas() is None: print(2); raise SystemExit\n"
             "parallel._openblas()[0](2)\n"
-            "ids = parallel.run([lambda: (time.sleep(0.2), threading.get_ident())[1]] * 2, 2)\n"
+            "ids = parallel.in_threads([lambda: (time.sleep(0.2), threading.get_ident())[1]] * 2, 2)\n"
             "print(len(set(ids)))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=Path(__file__).resolve().parent.parent)
@@ -52,7 +52,7 @@ def test_run_gives_openblas_its_threads_back(two_threads):
         pytest.skip("no OpenBLAS handle in this NumPy")
     put, get = blas
     before = get()
-    assert parallel.run([get, get], 2) == [1, 1] and get() == before
+    assert parallel.in_threads([get, get], 2) == [1, 1] and get() == before
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

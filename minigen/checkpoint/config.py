@@ -48,7 +48,7 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     d = family.defaults
     f = {x.name: x.default for x in fields(Config) if x.default is not MISSING}  # the features' defaults
     f.update(
-        model_type=model_type, raw=raw, hidden_size=hidden, n_heads=n_heads, n_layers=n_layers,
+        model_type=model_type, hidden_size=hidden, n_heads=n_heads, n_layers=n_layers,
         vocab_size=get.int("vocab_size"),
         n_kv_heads=get.int("num_key_value_heads", default=n_heads),
         head_dim=get.int("head_dim", default=None) or d.get("head_dim") or _divide(hidden, n_heads, where),
@@ -58,10 +58,10 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
         norm_eps=get.float("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=d.get("norm_eps", 1e-6)),
         act=get.str("hidden_act", "activation_function", default=d.get("act", "silu")),
         tie_word_embeddings=get.bool("tie_word_embeddings", default=d.get("tie_word_embeddings", False)),
-        bos_token_id=get.token_id("bos_token_id"), eos_token_ids=get.token_ids("eos_token_id"),
+        eos_token_ids=get.token_ids("eos_token_id"),
         architectures=tuple(get.strings("architectures")),
-        dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
     )
+    get.token_id("bos_token_id")  # checked, as transformers checks it, though the tokenizer decides BOS
     f.update(family.features)
     f.update(family.read(get, f))
     if f["n_heads"] % f["n_kv_heads"]:
@@ -78,7 +78,7 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
 def parse_wrapped(raw: dict, where: str) -> Config:
     """A multimodal checkpoint's config.json -> the Config of its language model (text_config), with what
     the top level decides: tying (the wrapper's default when absent, as transformers reads it), the
-    architectures, the saved dtype, and the image tokens a prompt must not hold."""
+    architectures, and the image tokens a prompt must not hold."""
     from .families import WRAPPERS
     wrapper = WRAPPERS[raw["model_type"]]
     get = Fields(raw, where)
@@ -89,10 +89,9 @@ def parse_wrapped(raw: dict, where: str) -> Config:
         if text.get(name) is None and raw.get(name) is not None:
             text[name] = raw[name]
     text["architectures"] = get.strings("architectures")
-    text.setdefault("dtype", raw.get("dtype") or raw.get("torch_dtype"))
     images = {get.token_id(name) for name in ("image_token_id", "image_token_index")} - {None}
     cfg = parse_config(text, f"{where} (text_config)")
-    return replace(cfg, wrapper=raw["model_type"], image_token_ids=tuple(sorted(images)), raw=raw)
+    return replace(cfg, wrapper=raw["model_type"], image_token_ids=tuple(sorted(images)))
 
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)

@@ -100,7 +100,7 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
         if want_weights:
             weights[:, start:stop, lo:hi] = w
 
-    parallel.run([partial(block, start, min(T, start + BLOCK)) for start in reversed(range(0, T, BLOCK))],
+    parallel.in_threads([partial(block, start, min(T, start + BLOCK)) for start in reversed(range(0, T, BLOCK))],
                  parallel.threads_for(T))
     return out, weights
 

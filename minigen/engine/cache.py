@@ -1,4 +1,4 @@
-"""The growing KV cache: one per layer, preallocated, written at an offset, grown geometrically.
+"""The per-layer cache: for attention, the growing KV cache, one per layer, preallocated, written at an offset, grown geometrically.
 
 A decode step writes one row and reads views of the filled part, so it costs O(current length);
 the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
@@ -64,11 +64,35 @@ class KVCache:
         self.keys_t, self.values = keys_t, values
 
 
-def make_cache(n_layers: int, n_kv: int, head_dim: int, capacity: int = 256) -> list[KVCache]:
-    return [KVCache(n_kv, head_dim, capacity) for _ in range(n_layers)]
+CACHES = {"attention": lambda cfg, capacity: KVCache(cfg.n_kv_heads, cfg.head_dim, capacity)}  # per mixer
 
 
-def truncate(cache: list[KVCache], n: int):
+def make_cache(cfg, capacity: int = 256) -> list:
+    """One cache per layer of the model `cfg` (a Config), of the kind its token mixer needs."""
+    return [CACHES[cfg.mixer(i)](cfg, capacity) for i in range(cfg.n_layers)]
+
+
+def truncate(cache: list, n: int):
     """Cut every layer back to its first n positions."""
     for layer in cache:
         layer.truncate(n)
+
+
+# --- what a cache may keep: longrope's rules ---------------------------------------------------------
+
+def must_recompute(cfg, offset: int, n_new: int) -> bool:
+    """Whether the cache has to be rebuilt before feeding n_new tokens at `offset`: longrope switches
+    to its long factors once the sequence passes original_max_position_embeddings, and transformers
+    then recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation)."""
+    return any(r is not None and r.kind == "longrope" and 0 < offset <= r.original_max < offset + n_new
+               for r in set(cfg.rope))
+
+
+def reusable_prefix(cfg, cached: int, common: int, total: int) -> int:
+    """How many positions of a cache holding `cached` a sequence of `total` ids may keep when its first
+    `common` ids are the cached ones: all `common`, unless longrope's switch lies between. Keys cached
+    past the switch were computed with the long factors (must_recompute sees to it), below it with the
+    short ones; a sequence reaching past it wants the long ones at every position, one below it the
+    short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
+    return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
+                    and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common

@@ -5,7 +5,7 @@ windows). `minigen.checkpoint.config` builds it from a config.json; nothing here
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_LAYERS = 100_000  # a 16 MiB safetensors header (weights.MAX_HEADER) cannot name more layers
 
@@ -67,18 +67,20 @@ class Config:
     rope: tuple = ()                  # per layer: a Rope, or None (no rotary embedding in that layer)
     sliding_window: int | None = None
     layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
-    bos_token_id: int | None = None
+    layer_mixers: tuple = ()          # per layer: its token mixer (model.MIXERS); empty: attention in every layer
     eos_token_ids: tuple = ()
     architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
     wrapper: str = ""                 # a multimodal checkpoint's model_type (gemma3, mistral3): this is its text model
     image_token_ids: tuple = ()       # the wrapper's image tokens: refused in a prompt (no vision tower is run)
-    dtype: str = "float32"            # what config.json says the checkpoint was saved in
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def group(self) -> int:
         """Query heads per KV head: query head h reads KV head h // group (HF's order)."""
         return self.n_heads // self.n_kv_heads
+
+    def mixer(self, layer: int) -> str:
+        """The layer's token mixer, a key of model.MIXERS."""
+        return self.layer_mixers[layer] if self.layer_mixers else "attention"
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"

@@ -1,23 +1,35 @@
 """The decoder forward pass: stateless functions of (params, config, token ids, cache) -> logits.
 
 Shape letters:
-    T  new tokens in this forward         S  tokens in the cache after it (offset + T)
-    D  hidden size                        V  vocabulary size
+    N  rows of this forward: the new tokens of each sequence, one sequence after another
+    T  new tokens of one sequence      S  tokens in its cache after this forward (offset + T)
+    D  hidden size                     V  vocabulary size
     H  query heads      KV  key/value heads      G  H // KV (query heads per KV head)
     d  head_dim         F  MLP intermediate size
 
 Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up are fused at load
-(weights.py). One function serves every family: the differences are fields of `Config` (config.py),
-which each family sets in families.py. A layer is
+(checkpoint/weights.py). One function serves every family: the differences are fields of `Config`
+(config.py), which each family sets in checkpoint/families.py. A layer is
 
-    a = attention(attn_norm(x))      [no pre-norm: OLMo 2]      a = attn_post_norm(a)  [Gemma 2/3, OLMo 2]
-    x = x + a                                                   [parallel: x + a + mlp(mlp_norm(x)), GPT-NeoX]
-    m = mlp(mlp_norm(x))                                        m = mlp_post_norm(m)
-    x = x + m
+    h = attn_norm(x)                 [none: OLMo 2]
+    a = mixer(h)                     attention over each sequence's own cache (MIXERS)
+    a = attn_post_norm(a)            [Gemma 2/3, OLMo 2]
+    x = x + r a                      [parallel residual: the MLP reads x from before this add, GPT-NeoX]
+    m = mlp(mlp_norm(x))             (MLPS: gated, plain, or routed experts, moe.py)
+    m = mlp_post_norm(m)             [Gemma 2/3, OLMo 2]
+    x = x + r m                      r: Granite's residual_multiplier (else 1)
+
+Granite also multiplies the embeddings by embedding_multiplier and divides the logits by logits_scaling.
+
+Several sequences can share one forward (`forward_batch`): their new rows are stacked, so every
+projection reads the weights once for all of them, and only the mixer goes sequence by sequence.
+Everything but the mixer treats each row alone, so a long prompt's row-wise steps run in chunks on
+both cores (`parallel.by_rows`); attention splits its query blocks itself. Hooks (minigen.inspect)
+see whole arrays, between the steps.
 """
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +38,9 @@ from . import parallel
 from .attention import causal_attention
 from .cache import KVCache, make_cache
 from .config import Config
-from ..errors import MinigenError
 from .layers import activation, apply_rope, layer_norm, query_scale, rms_norm, rope_tables, softcap
 from .moe import moe_mlp
+from ..errors import MinigenError
 
 
 class Hooks:
@@ -51,9 +63,16 @@ class Hooks:
         """(T, D): the residual stream after the layer (read only)."""
 
 
+@dataclass(frozen=True)
+class Seq:
+    """One sequence's part of a forward: its rows of the stacked input, and its per-layer caches."""
+    rows: slice
+    cache: list
+
+
 # --- the forward pass ------------------------------------------------------------------------------
 
-def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], last_only: bool = False,
+def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list, last_only: bool = False,
             record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
     (H, T, S) to `record` when it is a list; the cache advances by T."""
@@ -61,74 +80,174 @@ def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], la
     return unembed(x[-1:] if last_only else x, params, cfg)                 # (T, V)
 
 
-def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list[KVCache], record: list | None = None,
+def forward_batch(params: dict, cfg: Config, ids: list[np.ndarray], caches: list[list],
+                  last_only: bool = True) -> list[np.ndarray]:
+    """Several sequences in one pass over the weights, each with its own cache (and so its own
+    positions): the logits of each, (1, V) for its last position or (T_b, V). Equal, row for row, to
+    a `forward` of each sequence alone."""
+    seqs = stack(ids, caches)
+    x = run_layers(embed(params, cfg, np.concatenate(ids), positions(seqs)), params, cfg, seqs)  # (N, D)
+    if last_only:
+        x = x[[s.rows.stop - 1 for s in seqs]]                               # (B, D)
+        return list(unembed(x, params, cfg)[:, None])                        # B x (1, V)
+    logits = unembed(x, params, cfg)                                         # (N, V)
+    return [logits[s.rows] for s in seqs]
+
+
+def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list, record: list | None = None,
            n_layers: int | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """The residual stream (T, D) after the first n_layers layers (all of them by default)."""
-    positions = np.arange(cache[0].offset, cache[0].offset + len(ids))
-    x = embed(params, cfg, ids, positions)                                   # (T, D), our own copy
-    tables = rope_for(cfg, positions)
-    for i in range(cfg.n_layers if n_layers is None else n_layers):
-        x = layer(x, params["layers"][i], cfg, i, cache[i], tables.get(rope_of(cfg, i)), record, hooks)
-    if parallel.threads_for(len(ids)) > 1:
+    seqs = stack([ids], [cache])
+    x = embed(params, cfg, ids, positions(seqs))                             # (T, D), our own copy
+    return run_layers(x, params, cfg, seqs, 0, n_layers, record, hooks)
+
+
+def run_layers(x: np.ndarray, params: dict, cfg: Config, seqs: list[Seq], start: int = 0,
+               stop: int | None = None, record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
+    """Layers start..stop-1 on the residual stream x (N, D) of the sequences `seqs`, whose caches are
+    at the positions where these rows begin."""
+    tables = rope_for(cfg, seqs)
+    for i in range(start, cfg.n_layers if stop is None else stop):
+        x = layer(x, params["layers"][i], cfg, i, seqs, tables.get(rope_of(cfg, i)), record, hooks)
+    if parallel.threads_for(len(x)) > 1:
         parallel.release_free_heap()
     return x
 
 
-def layer(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope, record, hooks) -> np.ndarray:
-    """One decoder layer on the residual stream x (T, D), updated in place and returned. All but
-    attention works on each row alone, so a long prompt's rows go in chunks to parallel threads
-    (parallel.py), each writing its q, k and v in place; with hooks, in one chunk, so that each hook
-    sees every row."""
-    T = len(x)
-    chunks, threads = ([slice(0, T)], 1) if hooks else (parallel.row_chunks(T), parallel.threads_for(T))
-    offset = cache.offset
-    q = np.empty((cfg.n_heads, T, cfg.head_dim), np.float32)                 # (H, T, d)
-    k, v = cache.extend(T)                                                   # (KV, T, d) views into the cache
-    parallel.run([partial(heads_into, x[r], p, cfg, rows_of(rope, r), q[:, r], k[:, r], v[:, r])
-                  for r in chunks], threads)
-    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
-    parallel.run([partial(after_attention, x[r], z[r], p, cfg, i, hooks) for r in chunks], threads)
+def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, record: list | None = None,
+          hooks: Hooks | None = None) -> np.ndarray:
+    """One decoder layer on the residual stream x (N, D), updated in place and returned."""
+    h = parallel.by_rows(norm, x, p=p, cfg=cfg, name="attn_norm") if cfg.pre_norms else x   # (N, D)
+    a = MIXERS[cfg.mixer(i)](h, p, cfg, i, seqs, rope, record, hooks)         # (N, D)
+    if cfg.post_norms:
+        a = norm(a, p, cfg, "attn_post_norm")
+    a = residual_scaled(a, cfg)
+    if hooks:
+        a = hooks.attn_out(i, a)
+    if cfg.parallel_residual:  # both blocks read the same x
+        m = parallel.by_rows(mlp_block, x, p=p, cfg=cfg)
+        x += a
+    else:
+        x += a
+        m = parallel.by_rows(mlp_block, x, p=p, cfg=cfg)                     # (N, D)
+    m = residual_scaled(m, cfg)
+    if hooks:
+        m = hooks.mlp_out(i, m)
+    x += m
     if hooks:
         hooks.resid(i, x)
     return x
 
 
-def heads_into(x: np.ndarray, p: dict, cfg: Config, rope, q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """Rows of the residual stream x through the attention's norm and qkv_heads, into q, k and v."""
-    q[...], k[...], v[...] = qkv_heads(norm(x, p, cfg, "attn_norm") if cfg.pre_norms else x, p, cfg, rope)
-
-
-def rows_of(rope, r: slice):
-    """The RoPE tables (cos, sin), each (T, dim), for the rows r, or None."""
-    return None if rope is None else tuple(t[r] for t in rope)
-
-
-def after_attention(x: np.ndarray, z: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> None:
-    """The rest of the layer on rows of x (T, D), in place, from the heads' outputs z (T, H, d):
-    the output projection, the residual adds and the MLP."""
-    a = linear(z.reshape(len(z), -1), p["wo"], p.get("bo"))                 # (T, D)
-    if cfg.post_norms:
-        a = norm(a, p, cfg, "attn_post_norm")
-    if cfg.residual_multiplier != 1.0:  # Granite
+def residual_scaled(a: np.ndarray, cfg: Config) -> np.ndarray:
+    """What a block adds to the residual stream, times Granite's residual_multiplier (in place)."""
+    if cfg.residual_multiplier != 1.0:
         a *= np.float32(cfg.residual_multiplier)
+    return a
+
+
+# --- token mixers: what a layer computes across positions ----------------------------------------
+
+def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, record: list | None = None,
+              hooks: Hooks | None = None) -> np.ndarray:
+    """Multi-head attention of each sequence's rows of h (N, D), already normed, over its own cache
+    (which it extends): what the block adds to the residual stream (N, D), before any post-norm."""
+    q, k, v = parallel.by_rows(qkv_heads, h, rope, p=p, cfg=cfg)             # (N, H, d), (N, KV, d) x2
+    z = np.empty_like(q)                                                     # (N, H, d)
+    for s in seqs:
+        z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
     if hooks:
-        a = hooks.attn_out(i, a)
-    if cfg.parallel_residual:  # both blocks read the same x
-        m = mlp_out(norm(x, p, cfg, "mlp_norm"), p, cfg, i, hooks)
-        x += a
-    else:
-        x += a
-        m = mlp_out(norm(x, p, cfg, "mlp_norm") if cfg.pre_norms else x, p, cfg, i, hooks)
-    x += m
+        z = hooks.z(i, z)
+    return parallel.by_rows(linear, z.reshape(len(z), -1), w=p["wo"], b=p.get("bo"))   # (N, D)
 
 
-def mlp_out(x: np.ndarray, p: dict, cfg: Config, i: int, hooks) -> np.ndarray:
-    m = mlp_block(x, p, cfg)
-    if cfg.post_norms:
-        m = norm(m, p, cfg, "mlp_post_norm")
-    if cfg.residual_multiplier != 1.0:  # Granite
-        m *= np.float32(cfg.residual_multiplier)
-    return hooks.mlp_out(i, m) if hooks else m
+def attend_cached(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, cfg: Config, i: int,
+                  record: list | None = None) -> np.ndarray:
+    """One sequence's new q (T, H, d), k and v (T, KV, d): k and v join the cache, q attends causally
+    over all of it. Each head's output z (T, H, d); the weights (H, T, S) go to `record` when it is a list."""
+    offset = cache.offset
+    keys, values = cache.update_and_fetch(k.transpose(1, 0, 2), v.transpose(1, 0, 2))   # (KV, S, d)
+    out, weights = causal_attention(q.transpose(1, 0, 2), keys, values, offset, cfg.window(i),
+                                    record is not None, cfg.attn_scale, cfg.attn_softcap)   # (H, T, d)
+    if record is not None:
+        record.append(weights)
+    return out.transpose(1, 0, 2)                                            # (T, H, d)
+
+
+MIXERS = {"attention": attention}   # Config.mixer(layer) -> the layer's token mixer
+
+
+def qkv_heads(x: np.ndarray, rope, p: dict, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Project rows x (N, D) to q (N, H, d), k and v (N, KV, d): the family's q/k norm, then RoPE on
+    q and k (rope: this layer's (cos, sin) tables for these rows, each (N, dim), or None)."""
+    N, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (N, (H + 2 KV) d)
+    qk = qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(N, H + KV, d)        # (N, H + KV, d)
+    if rope is not None:  # q and k heads rotate alike: one call for both
+        cos, sin = rope[:2]
+        qk = apply_rope(qk, cos[:, None], sin[:, None])
+        if len(rope) > 2:  # Ministral 3: each position's queries x its scale (rope_tables_for)
+            qk[:, :H] *= rope[2][:, None, None]
+    v = qkv[:, (H + KV) * d:].reshape(N, KV, d)                              # (N, KV, d)
+    return qk[:, :H], qk[:, H:], v
+
+
+def qk_norm(qk: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    """The family's RMSNorm on the q and k projections qk (N, (H + KV) d), before RoPE: over the whole
+    projection (OLMo 2, "proj") or over each head's d dims (Qwen 3, Gemma 3, "head"), or none."""
+    H, d = cfg.n_heads, cfg.head_dim
+    if cfg.qk_norm == "proj":
+        return np.concatenate([rms_norm(qk[:, :H * d], p["q_norm"], cfg.norm_eps),
+                               rms_norm(qk[:, H * d:], p["k_norm"], cfg.norm_eps)], axis=1)
+    if cfg.qk_norm == "head":
+        heads = qk.reshape(len(qk), -1, d)                                   # (N, H + KV, d)
+        return np.concatenate([rms_norm(heads[:, :H], p["q_norm"], cfg.norm_eps),
+                               rms_norm(heads[:, H:], p["k_norm"], cfg.norm_eps)], axis=1).reshape(len(qk), -1)
+    return qk
+
+
+# --- MLPs ------------------------------------------------------------------------------------------
+
+def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    """What the MLP block adds to rows of the residual stream x (N, D): norm, MLP, post-norm."""
+    h = norm(x, p, cfg, "mlp_norm") if cfg.pre_norms or cfg.parallel_residual else x
+    m = MLPS[cfg.mlp](h, p, cfg)                                             # (N, D)
+    return norm(m, p, cfg, "mlp_post_norm") if cfg.post_norms else m
+
+
+def gated_mlp(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    """down(act(gate x) * up x), gate and up fused into one (2F, D) matrix."""
+    gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (N, 2F)
+    F = gate_up.shape[-1] // 2
+    h = activation(cfg.act)(gate_up[:, :F])                                  # (N, F)
+    h *= gate_up[:, F:]  # in place: one (N, F) temporary fewer on a long prompt
+    return linear(h, p["w_down"], p.get("b_down"))
+
+
+def plain_mlp(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
+    """down(act(up x)): GPT-2, GPT-NeoX."""
+    return linear(activation(cfg.act)(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
+
+
+MLPS = {"gated": gated_mlp, "plain": plain_mlp, "moe": moe_mlp}   # Config.mlp -> the layer's MLP (moe: moe.py)
+
+
+# --- around the layers -------------------------------------------------------------------------------
+
+def stack(ids: list[np.ndarray], caches: list[list]) -> list[Seq]:
+    """The Seq of each sequence whose new ids are stacked one after another."""
+    ends = np.cumsum([len(i) for i in ids])
+    return [Seq(slice(int(end - len(i)), int(end)), c) for i, end, c in zip(ids, ends, caches)]
+
+
+def positions(seqs: list[Seq]) -> np.ndarray:
+    """(N,) each row's position in its own sequence."""
+    return np.concatenate([span(s) for s in seqs])
+
+
+def span(s: Seq) -> np.ndarray:
+    """(T,) the positions of one sequence's new rows: from its cache's offset on."""
+    return np.arange(s.cache[0].offset, s.cache[0].offset + s.rows.stop - s.rows.start)
 
 
 def rope_of(cfg: Config, layer: int):
@@ -136,14 +255,25 @@ def rope_of(cfg: Config, layer: int):
     return cfg.rope[layer] if cfg.positions == "rope" else None
 
 
-def rope_for(cfg: Config, positions: np.ndarray) -> dict:
-    """{Rope: (cos, sin) for these positions}: one table per distinct RoPE of the model."""
-    return {r: rope_tables(r, positions) + ((query_scale(r, positions),) if r.query_beta else ())
-            for r in set(cfg.rope) if r is not None} if cfg.positions == "rope" else {}
+def rope_for(cfg: Config, seqs: list[Seq]) -> dict:
+    """{Rope: (cos, sin), each (N, dim)}: one pair of tables per distinct RoPE of the model, each
+    sequence's rows at its own positions (longrope picks its factors per sequence, by its length)."""
+    if cfg.positions != "rope":
+        return {}
+    tables = {}
+    for r in set(cfg.rope) - {None}:
+        parts = [rope_tables_for(r, span(s)) for s in seqs]                  # per sequence: (T, dim) x2 [, (T,)]
+        tables[r] = parts[0] if len(parts) == 1 else tuple(np.concatenate(t) for t in zip(*parts))
+    return tables
+
+
+def rope_tables_for(r, positions: np.ndarray) -> tuple:
+    """(cos, sin) for these positions, and Ministral 3's query scale (T,) when its Rope has one."""
+    return rope_tables(r, positions) + ((query_scale(r, positions),) if r.query_beta else ())
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    x = params["embed"][ids]                                                 # (T, D), a copy
+    x = params["embed"][ids]                                                 # (N, D), a copy
     if cfg.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
         x *= np.float32(cfg.hidden_size ** 0.5)
     if cfg.embedding_multiplier != 1.0:  # Granite
@@ -154,9 +284,9 @@ def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> 
 
 
 def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
-    """The final norm, the output projection, and the family's soft-cap: (T, D) -> (T, V)."""
-    logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (T, V)
-    if cfg.logits_scaling != 1.0:  # Granite
+    """The final norm, the output projection, Granite's logits_scaling and the family's soft-cap: (N, D) -> (N, V)."""
+    logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (N, V)
+    if cfg.logits_scaling != 1.0:
         logits /= np.float32(cfg.logits_scaling)
     return softcap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
@@ -172,82 +302,6 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     return y if b is None else y + b
 
 
-def qkv_heads(x: np.ndarray, p: dict, cfg: Config, rope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Project x (T, D) to q (H, T, d), k and v (KV, T, d): the family's q/k norm, then RoPE on q and k."""
-    T, H, KV, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(x, p["wqkv"], p.get("bqkv"))                                # (T, (H + 2 KV) d)
-    qk = qkv[:, :(H + KV) * d]                                               # (T, (H + KV) d)
-    if cfg.qk_norm == "proj":  # OLMo 2: over the whole q and k projections
-        qk = np.concatenate([rms_norm(qk[:, :H * d], p["q_norm"], cfg.norm_eps),
-                             rms_norm(qk[:, H * d:], p["k_norm"], cfg.norm_eps)], axis=1)
-    qk = qk.reshape(T, H + KV, d)                                            # (T, H + KV, d)
-    if cfg.qk_norm == "head":  # Qwen 3, Gemma 3: over each head's d dims
-        qk = np.concatenate([rms_norm(qk[:, :H], p["q_norm"], cfg.norm_eps),
-                             rms_norm(qk[:, H:], p["k_norm"], cfg.norm_eps)], axis=1)
-    if rope is not None:  # q and k heads rotate alike: one call for both
-        cos, sin = rope[:2]
-        qk = apply_rope(qk, cos[:, None], sin[:, None])
-        if len(rope) > 2:  # Ministral 3: each position's queries x its scale
-            qk[:, :H] *= rope[2][:, None, None]
-    qk = qk.transpose(1, 0, 2)                                               # (H + KV, T, d)
-    v = qkv[:, (H + KV) * d:].reshape(T, KV, d).transpose(1, 0, 2)           # (KV, T, d)
-    return qk[:H], qk[H:], v
-
-
-def attention_block(x: np.ndarray, p: dict, cfg: Config, i: int, cache: KVCache, rope,
-                    record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
-    """The attention block on x (T, D), already normed: what it adds to the residual stream (T, D)."""
-    q, k, v = qkv_heads(x, p, cfg, rope)
-    offset = cache.offset
-    cache.update_and_fetch(k, v)
-    z = heads_output(q, cache, offset, cfg, i, record, hooks)                # (T, H, d)
-    return linear(z.reshape(len(x), -1), p["wo"], p.get("bo"))
-
-
-def heads_output(q: np.ndarray, cache: KVCache, offset: int, cfg: Config, i: int, record: list | None = None,
-                 hooks: Hooks | None = None) -> np.ndarray:
-    """Causal attention of q (H, T, d), at positions offset.., over the cache: each head's output z
-    (T, H, d). Appends the weights (H, T, S) to `record` when it is a list."""
-    k, v = cache.fetch()                                                     # (KV, S, d)
-    out, weights = causal_attention(q, k, v, offset, cfg.window(i), record is not None,
-                                    cfg.attn_scale, cfg.attn_softcap)        # (H, T, d), (H, T, S)
-    if record is not None:
-        record.append(weights)
-    z = out.transpose(1, 0, 2)                                               # (T, H, d), contiguous
-    return hooks.z(i, z) if hooks else z
-
-
-def mlp_block(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
-    if cfg.mlp == "moe":
-        return moe_mlp(x, p, cfg)
-    act = activation(cfg.act)
-    if cfg.mlp == "plain":
-        return linear(act(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
-    gate_up = linear(x, p["w_gate_up"], p.get("b_gate_up"))                  # (T, 2F)
-    F = gate_up.shape[-1] // 2
-    h = act(gate_up[:, :F])                                                  # (T, F)
-    h *= gate_up[:, F:]  # in place: one (T, F) temporary fewer on a long prompt
-    return linear(h, p["w_down"], p.get("b_down"))
-
-
-def must_recompute(cfg: Config, offset: int, n_new: int) -> bool:
-    """Whether the cache has to be rebuilt before feeding n_new tokens at `offset`: longrope switches
-    to its long factors once the sequence passes original_max_position_embeddings, and transformers
-    then recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation)."""
-    return any(r is not None and r.kind == "longrope" and 0 < offset <= r.original_max < offset + n_new
-               for r in set(cfg.rope))
-
-
-def reusable_prefix(cfg: Config, cached: int, common: int, total: int) -> int:
-    """How many positions of a cache holding `cached` a sequence of `total` ids may keep when its first
-    `common` ids are the cached ones: all `common`, unless longrope's switch lies between. Keys cached
-    past the switch were computed with the long factors (must_recompute sees to it), below it with the
-    short ones; a sequence reaching past it wants the long ones at every position, one below it the
-    short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
-    return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
-                    and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common
-
-
 # --- the loaded model --------------------------------------------------------------------------------
 
 class Model:
@@ -260,20 +314,24 @@ class Model:
         self.generation_config = generation_config or {}   # generation_config.json: sampling defaults, EOS
         self.path = path
 
-    def make_cache(self, capacity: int = 256) -> list[KVCache]:
-        c = self.config
-        return make_cache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+    def make_cache(self, capacity: int = 256) -> list:
+        """One cache per layer, of the layer's kind, all at offset 0."""
+        return make_cache(self.config, capacity)
 
-    def forward(self, ids, cache: list[KVCache], last_only: bool = False, record: list | None = None,
+    def forward(self, ids, cache: list, last_only: bool = False, record: list | None = None,
                 hooks: Hooks | None = None) -> np.ndarray:
-        ids = self._check_ids(ids)
-        return forward(self.params, self.config, ids, cache, last_only, record, hooks)
+        return forward(self.params, self.config, self.check_ids(ids), cache, last_only, record, hooks)
+
+    def forward_batch(self, ids: list, caches: list[list], last_only: bool = True) -> list[np.ndarray]:
+        """`forward` of several sequences, each with its own cache, in one pass over the weights."""
+        return forward_batch(self.params, self.config, [self.check_ids(i) for i in ids], caches, last_only)
 
     def logits(self, ids) -> np.ndarray:
         """Uncached forward over all ids: float32 (len(ids), vocab_size)."""
         return self.forward(ids, self.make_cache(max(len(ids), 1)))
 
-    def _check_ids(self, ids) -> np.ndarray:
+    def check_ids(self, ids) -> np.ndarray:
+        """ids as a 1-D integer array within the vocabulary: the public edge of the forward pass."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or len(ids) == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise MinigenError("token ids must be a non-empty 1-D sequence of integers")

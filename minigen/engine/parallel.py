@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,7 +75,7 @@ def threads_for(n_rows: int) -> int:
 
 
 def row_chunks(n_rows: int) -> list[slice]:
-    """The rows of a forward pass cut for `run`: one chunk below SPLIT_ROWS, else chunks of at most
+    """The rows of a forward pass cut for `by_rows`: one chunk below SPLIT_ROWS, else chunks of at most
     ROWS rows, as many as a multiple of the thread count so that no thread idles."""
     threads = threads_for(n_rows)
     if threads == 1:
@@ -84,12 +84,12 @@ def row_chunks(n_rows: int) -> list[slice]:
     return [slice(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
 
 
-_local = threading.local()   # .worker: True while a thread runs tasks, where `run` must not wait on the pool
-_lock = threading.Lock()     # one `run` at a time, so that each gives OpenBLAS back the threads it found
+_local = threading.local()   # .worker: True while a thread runs tasks, where `in_threads` must not wait on the pool
+_lock = threading.Lock()     # one `in_threads` at a time, so that each gives OpenBLAS back the threads it found
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def run(tasks: Sequence[Callable[[], object]], threads: int) -> list:
+def in_threads(tasks: Sequence[Callable[[], object]], threads: int) -> list:
     """Each task's result, in order. One thread (or task): called here. Else the calling thread and
     threads - 1 helpers take tasks in order as they come free (so put the longest first), with
     OpenBLAS on one thread meanwhile."""
@@ -127,6 +127,24 @@ def run(tasks: Sequence[Callable[[], object]], threads: int) -> list:
         finally:
             put(before)
     return results
+
+
+def by_rows(fn: Callable, *rows, **kw):
+    """fn(*rows, **kw) for a function that treats each row alone: rows are arrays (N, ...) or tuples of
+    them (or None), cut alike. Below SPLIT_ROWS rows, one call here; from there on, one call per chunk
+    of rows on `n_threads()` threads, and each result (an array, or a tuple of arrays) joined again."""
+    n = len(rows[0])
+    chunks = row_chunks(n)
+    if len(chunks) == 1:
+        return fn(*rows, **kw)
+    parts = in_threads([partial(fn, *(_cut(a, r) for a in rows), **kw) for r in chunks], threads_for(n))
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(column) for column in zip(*parts))
+    return np.concatenate(parts)
+
+
+def _cut(a, r: slice):
+    return None if a is None else tuple(x[r] for x in a) if isinstance(a, tuple) else a[r]
 
 
 def release_free_heap() -> None:

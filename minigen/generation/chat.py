@@ -24,7 +24,7 @@ from ..engine.cache import truncate
 from ..errors import MinigenError
 from ..files import atomic_write
 from .steps import Options, Run, chat_ids, run
-from ..engine.model import reusable_prefix
+from ..engine.cache import reusable_prefix
 
 
 class ChatSession:

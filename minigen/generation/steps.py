@@ -19,7 +19,7 @@ import numpy as np
 
 from ..engine.cache import truncate
 from ..errors import MinigenError, OptionError, is_int, short
-from ..engine.model import must_recompute
+from ..engine.cache import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
 
 

@@ -97,14 +97,14 @@ def patch(source: np.ndarray, heads: list[int] | None = None, positions: list[in
 
 def run(model, ids, hooks: M.Hooks | None = None) -> np.ndarray:
     """The final residual stream (T, D) of an uncached forward over ids, with hooks; `logits_of` finishes it."""
-    ids = model._check_ids(ids)
+    ids = model.check_ids(ids)
     return M.hidden(model.params, model.config, ids, model.make_cache(len(ids)), hooks=hooks)
 
 
 def layer_inputs(model, ids) -> tuple[np.ndarray, Intervention]:
     """(L + 1, T, D): the residual stream entering each layer (row 0: the embeddings) and after the last
     one (before the final norm); and the Intervention that kept every z, attn, mlp of that run."""
-    ids = model._check_ids(ids)
+    ids = model.check_ids(ids)
     cfg = model.config
     keep = Intervention(keep=True)
     x_last = run(model, ids, keep)
@@ -116,13 +116,8 @@ def layer_inputs(model, ids) -> tuple[np.ndarray, Intervention]:
 def resume(model, x: np.ndarray, start: int, hooks: M.Hooks | None = None) -> np.ndarray:
     """Layers start..L-1 on a copy of the residual stream x (T, D) entering layer `start`; the final
     residual (T, D). Equal to a full forward whose layers before `start` produced x."""
-    cfg, params = model.config, model.params
-    T = x.shape[0]
-    cache, tables = model.make_cache(T), M.rope_for(cfg, np.arange(T))
-    x = x.copy()
-    for i in range(start, cfg.n_layers):
-        x = M.layer(x, params["layers"][i], cfg, i, cache[i], tables.get(M.rope_of(cfg, i)), None, hooks)
-    return x
+    seqs = M.stack([x], [model.make_cache(len(x))])
+    return M.run_layers(x.copy(), model.params, model.config, seqs, start, hooks=hooks)
 
 
 def logits_of(model, x: np.ndarray) -> np.ndarray:

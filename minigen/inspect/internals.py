@@ -11,7 +11,7 @@ import numpy as np
 from ..engine import model as M
 from ..engine.attention import attend, causal_mask
 from ..errors import MinigenError
-from ..engine.layers import apply_rope, rms_norm
+from ..engine.layers import apply_rope
 from .hooks import layer_inputs
 from .stats import probe_scores, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps
@@ -28,8 +28,15 @@ def hidden_before(model, ids, layer: int) -> tuple[np.ndarray, tuple | None]:
     """The residual stream entering `layer` (T, D), and that layer's RoPE tables (cos, sin) or None."""
     cfg, params = model.config, model.params
     ids = np.asarray(ids)
-    x = M.hidden(params, cfg, ids, model.make_cache(len(ids)), n_layers=layer)   # (T, D)
-    return x, M.rope_for(cfg, np.arange(len(ids))).get(M.rope_of(cfg, layer))
+    cache = model.make_cache(len(ids))
+    x = M.hidden(params, cfg, ids, cache, n_layers=layer)                    # (T, D)
+    return x, rope_tables_for(model, len(ids), layer)
+
+
+def rope_tables_for(model, T: int, layer: int):
+    """The layer's RoPE tables (cos, sin) at positions 0..T-1, or None."""
+    seqs = M.stack([np.zeros(T, np.int64)], [model.make_cache(T)])
+    return M.rope_for(model.config, seqs).get(M.rope_of(model.config, layer))
 
 
 def _layer_mask(cfg, layer: int, T: int) -> np.ndarray:
@@ -59,7 +66,7 @@ def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
     p = model.params["layers"][layer]
     x = M.norm(h, p, cfg, "attn_norm") if cfg.pre_norms else h               # (T, D)
     w = head_weights(model, layer, head)
-    rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope), apply_rope(k, *rope)))
+    rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope[:2]) * _query_scale(rope), apply_rope(k, *rope[:2])))
     mask = _layer_mask(cfg, layer, len(ids))
     steps = attention_steps(x, w["w_q"], w["w_k"], w["w_v"], b_q=w.get("b_q"), b_k=w.get("b_k"),
                             b_v=w.get("b_v"), norm=_qk_norm(model, layer, head, x), rotate=rotate, mask=mask,
@@ -67,32 +74,34 @@ def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
     return steps, _model_head_output(model, x, p, rope, mask, layer, head)
 
 
+def _query_scale(rope) -> np.ndarray | float:
+    """Ministral 3's per-position query scale (T, 1) after RoPE, part of its rotation step; else 1."""
+    return rope[2][:, None] if len(rope) > 2 else 1.0
+
+
 def _qk_norm(model, layer: int, head: int, x: np.ndarray):
-    """The family's q/k norm for one head as a function (q, k) -> (q, k), or None. Over the head's d
-    dims (Qwen 3, Gemma 3), or over the whole projection of every head (OLMo 2): then the RMS comes
-    from all heads' q (or k), computed here from x, and the head's slice of the weight scales it."""
+    """The family's q/k norm for one head as a function (q, k) -> (q, k), or None: the model's own
+    `qk_norm` on every head's projection of x (OLMo 2's RMS is over all heads at once), of which the
+    walk-through shows this head's part."""
     cfg, p = model.config, model.params["layers"][layer]
     if cfg.qk_norm is None:
         return None
-    if cfg.qk_norm == "head":
-        return lambda q, k: (rms_norm(q, p["q_norm"], cfg.norm_eps), rms_norm(k, p["k_norm"], cfg.norm_eps))
     H, KV, d, kv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, head // cfg.group
-    qkv = M.linear(x, p["wqkv"], p.get("bqkv")).astype(np.float64)          # (T, (H + 2 KV) d)
-    rms = lambda a: np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + cfg.norm_eps)
-    q_rms, k_rms = rms(qkv[:, :H * d]), rms(qkv[:, H * d:(H + KV) * d])     # (T, 1) each
-    w_q, w_k = p["q_norm"][head * d:(head + 1) * d], p["k_norm"][kv * d:(kv + 1) * d]
-    return lambda q, k: (q / q_rms * w_q, k / k_rms * w_k)
+    qkv = M.linear(x, p["wqkv"], p.get("bqkv"))                              # (T, (H + 2 KV) d)
+    qk = M.qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(len(x), H + KV, d)  # (T, H + KV, d)
+    return lambda q, k: (qk[:, head], qk[:, H + kv])
 
 
 def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
     """The head's output as the model computes it: model.qkv_heads, then attend() over the GQA shapes."""
     cfg = model.config
     T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
-    q, k, v = M.qkv_heads(x, p, cfg, rope)                                   # (H, T, d), (KV, T, d) x2
+    q, k, v = (a.transpose(1, 0, 2) for a in M.qkv_heads(x, rope, p, cfg))  # (H, T, d), (KV, T, d) x2
     out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)), cfg.attn_scale, cfg.attn_softcap)
     out = out.reshape(H, T, d)                                               # (H, T, d)
     # the same heads through o_proj must give the model's attention block output
-    block = M.attention_block(x, p, cfg, layer, model.make_cache(T)[layer], rope)
+    seqs = M.stack([np.zeros(T, np.int64)], [model.make_cache(T)])
+    block = M.attention(x, p, cfg, layer, seqs, rope)
     block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
     return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
 
@@ -114,13 +123,12 @@ def value_norms(model, ids) -> np.ndarray:
     cfg, params = model.config, model.params
     H, d = cfg.n_heads, cfg.head_dim
     x_in, _ = layer_inputs(model, ids)
-    tables = M.rope_for(cfg, np.arange(len(ids)))
     kv = np.arange(H) // cfg.group
     out = []
     for l in range(cfg.n_layers):
         p = params["layers"][l]
         x = M.norm(x_in[l], p, cfg, "attn_norm") if cfg.pre_norms else x_in[l]
-        v = M.qkv_heads(x, p, cfg, tables.get(M.rope_of(cfg, l)))[2]        # (KV, T, d)
+        v = M.qkv_heads(x, None, p, cfg)[2].transpose(1, 0, 2)              # (KV, T, d); RoPE leaves v alone
         sent = np.einsum("htd,Dhd->htD", v[kv], p["wo"].reshape(-1, H, d))  # (H, T, D)
         out.append(np.linalg.norm(sent, axis=-1))
     return np.stack(out).astype(np.float32)
@@ -218,7 +226,8 @@ def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int =
     pos = ("learned positions (added to the embeddings)" if cfg.positions == "learned" else
            "no RoPE in this layer" if rope is None else
            f"RoPE on q and k (HF half-split{', the first %d of %d dims' % (rope.dim, cfg.head_dim) if rope.dim < cfg.head_dim else ''}, "
-           f"theta {rope.theta:g}{', ' + rope.kind + ' scaling' if rope.kind != 'default' else ''})")
+           f"theta {rope.theta:g}{', ' + rope.kind + ' scaling' if rope.kind != 'default' else ''}"
+           f"{'; then q x 1 + %g log(1 + floor(pos / %d))' % (rope.query_beta, rope.original_max) if rope.query_beta else ''})")
     window = f", sliding window {cfg.sliding_window}" if cfg.is_sliding(layer) else ""
     x_is = f"after its {norm}" if cfg.pre_norms else f"as it is ({cfg.model_type} norms attention's output, not its input)"
     header = (f"{model.path}: {cfg.model_type}, layer {layer} of {cfg.n_layers}, head {head} of {cfg.n_heads} "
