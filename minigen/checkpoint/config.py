@@ -32,11 +32,15 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     """config.json's fields -> Config: the sizes every family has, then the family's own reading."""
     from .families import FAMILIES, WRAPPERS  # the tables need this module's readers: imported here, not above
     model_type = raw.get("model_type")
-    if model_type in WRAPPERS and "text_config" in raw:
+    if isinstance(model_type, str) and model_type in WRAPPERS:
+        if "text_config" not in raw:
+            raise MinigenError(f"{where}: model_type {model_type!r} is a multimodal checkpoint, and minigen reads its "
+                               f"language model from 'text_config', which is missing")
         return parse_wrapped(raw, where)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
-        raise MinigenError(f"{where}: unsupported model_type {model_type!r} (minigen supports {known})")
+        raise MinigenError(f"{where}: unsupported model_type {short(model_type)} (minigen supports {known}, and the "
+                           f"language model of {', '.join(sorted(WRAPPERS))} checkpoints)")
     family = FAMILIES[model_type]
     get = Fields(raw, where)
     hidden = get.int("hidden_size", "n_embd")

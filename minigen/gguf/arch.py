@@ -5,7 +5,9 @@ fields its `{arch}.*` metadata gives (with llama.cpp's own defaults where a key 
 what the file means to the program that made it), and the tensor fixes that turn llama.cpp's layout back into
 Hugging Face's (llama.cpp's `conversion/*.py` in the llama-cpp-python sdist, per architecture):
 
-    llama, smollm3   q/k rows permuted so each head's two RoPE halves interleave (llama.cpp's "normal" RoPE)
+    llama, smollm3, granite, mistral3   q/k rows permuted so each head's two RoPE halves interleave (llama.cpp's
+                     "normal" RoPE)
+    olmo2            nothing; a file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
     gemma, gemma2/3  every norm weight stored as 1 + w (HF stores w and adds 1 in the forward pass)
     gpt2             Conv1D weights transposed to (out, in)
     gptneox          the fused query_key_value rows reordered from per-head [q; k; v] to [all q; all k; all v]
@@ -137,17 +139,38 @@ def common(m: Meta, t: Tensors, arch: Arch) -> dict:
 
 
 def linear_rope(m: Meta) -> dict | None:
-    """llama.cpp's rope.scaling.type (default none) and factor; yarn is what minigen cannot run."""
+    """llama.cpp's rope.scaling.type (default none) and its parameters, as HF's rope_scaling."""
     kind = m.str("rope.scaling.type", default="none")
     factor = m.float("rope.scaling.factor", default=None) or m.float("rope.scale_linear", default=None)
     if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
         return None
     if kind == "linear":
         return {"rope_type": "linear", "type": "linear", "factor": factor}
+    if kind == "yarn":
+        return yarn_rope(m, factor)
     if kind == "longrope":
         return None  # phi3: the factors are tensors, read by `longrope` below
-    m.fail("rope.scaling.type", f"is {kind!r}, which minigen does not run (it runs none, linear, Llama 3's "
+    m.fail("rope.scaling.type", f"is {kind!r}, which minigen does not run (it runs none, linear, yarn, Llama 3's "
                                 f"rope_freqs and Phi-3's longrope)")
+
+
+def yarn_rope(m: Meta, factor: float | None) -> dict:
+    """HF's YaRN settings from what convert_hf_to_gguf.py wrote: the factor, the original context, the betas
+    and attention factor when the source had them, and yarn_log_multiplier (Ministral 3's mscale_all_dim;
+    llama.cpp takes mscale as 1 beside it, and so does this)."""
+    if factor is None:
+        m.fail("rope.scaling.factor", "is missing, and YaRN needs it")
+    out = {"rope_type": "yarn", "type": "yarn", "factor": factor,
+           "original_max_position_embeddings": m.int("rope.scaling.original_context_length")}
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                      ("yarn_attn_factor", "attention_factor")):
+        value = m.float(f"rope.scaling.{key}", default=None)
+        if value is not None:
+            out[name] = value
+    log_mul = m.float("rope.scaling.yarn_log_multiplier", default=None)
+    if log_mul is not None:
+        out.update(mscale=1.0, mscale_all_dim=log_mul)
+    return out
 
 
 def rms_eps(m: Meta) -> dict:
@@ -235,10 +258,45 @@ def _gpt2(m: Meta, t: Tensors) -> dict:
 
 
 def _olmo2(m: Meta, t: Tensors) -> dict:
-    if m.int("attention.sliding_window", default=0, minimum=0):
-        m.fail("attention.sliding_window", "is set: this is an OLMo 3 file (sliding-window layers), which minigen "
-                                           "does not run")
-    return {"hidden_act": "silu", **rms_eps(m), "attention_bias": t.has("blk.0.attn_q.bias")}
+    """OLMo 2, or OLMo 3 when the file has a sliding window (llama.cpp writes both as olmo2): then the window's
+    layers from sliding_window_pattern (llama.cpp's default period 4), plain RoPE on them (rope.freq_base_swa,
+    else freq_base: llama.cpp's reading), the scaling on the full layers; as transformers 5's nested
+    rope_parameters, which keeps the two apart."""
+    out = {"hidden_act": "silu", **rms_eps(m), "attention_bias": t.has("blk.0.attn_q.bias")}
+    window = m.int("attention.sliding_window", default=0, minimum=0)
+    if not window:
+        return out
+    base = m.float("rope.freq_base", default=10000.0)
+    full = {"rope_type": "default", "rope_theta": base, **(linear_rope(m) or {})}
+    full.pop("type", None)
+    return {**out, "model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
+            "layer_types": sliding_pattern(m, m.int("block_count"), default=4),
+            "rope_parameters": {"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": m.float("rope.freq_base_swa", default=base)}},
+            "rope_theta": None, "rope_scaling": None}
+
+
+def _granite(m: Meta, t: Tensors) -> dict:
+    """Granite's multipliers as llama.cpp reads them: logit_scale is required; no attention.scale means
+    1/sqrt(head_dim), no residual or embedding scale means none (1)."""
+    head_dim = m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count"))
+    return {**_llama(m, t), "logits_scaling": m.float("logit_scale"),
+            "attention_multiplier": m.float("attention.scale", default=head_dim ** -0.5),
+            "residual_multiplier": m.float("residual_scale", default=1.0),
+            "embedding_multiplier": m.float("embedding_scale", default=1.0)}
+
+
+def _mistral3(m: Meta, t: Tensors) -> dict:
+    """Ministral 3 (the text GGUF of a Mistral 3 checkpoint): Llama with YaRN and, from
+    attention.temperature_scale, llama 4's query scale (its period: YaRN's original context)."""
+    out = {**_llama(m, t), "sliding_window": m.int("attention.sliding_window", default=0, minimum=0) or None}
+    beta = m.float("attention.temperature_scale", default=None)
+    if beta is not None:
+        if m.str("rope.scaling.type", default="none") != "yarn":
+            m.fail("attention.temperature_scale", "is set without YaRN (rope.scaling.type yarn), whose original "
+                                                  "context is its period")
+        out["llama_4_scaling_beta"] = beta  # moved into rope_scaling by family_config
+    return out
 
 
 def _gpt_neox(m: Meta, t: Tensors) -> dict:
@@ -359,6 +417,8 @@ ARCHS = {
     "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM", _gpt_neox, fixes={"attn_qkv": "neox_qkv"}, rope_dims="partial",
                     spell=_neox_names),
     "smollm3": Arch("smollm3", "SmolLM3ForCausalLM", _smollm3, fixes=_PERMUTED),
+    "granite": Arch("granite", "GraniteForCausalLM", _granite, fixes=_PERMUTED),
+    "mistral3": Arch("ministral3", "Ministral3ForCausalLM", _mistral3, fixes=_PERMUTED),
 }
 
 
@@ -370,7 +430,10 @@ def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
     rope_dims = cfg.pop("_rope_dims")
     if rope_dims != cfg["head_dim"]:
         cfg["partial_rotary_factor"] = rope_dims / cfg["head_dim"]
-    return arch.spell(cfg)
+    if "llama_4_scaling_beta" in cfg:  # Ministral 3 keeps it among the RoPE settings
+        cfg["rope_scaling"]["llama_4_scaling_beta"] = cfg.pop("llama_4_scaling_beta")
+    return arch.spell({k: v for k, v in cfg.items() if not (k in ("rope_theta", "rope_scaling") and v is None
+                                                            and "rope_parameters" in cfg)})
 
 
 # --- tensor names, from the gguf package's table -------------------------------------------------------------

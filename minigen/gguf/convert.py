@@ -100,6 +100,9 @@ def read_plan(source: str | Path) -> Plan:
     source = Path(source)
     meta, infos = _read_header(source)
     arch = meta.get("general.architecture")
+    if arch == "clip" or meta.get("general.type") == "mmproj":
+        raise MinigenError(f"{source}: this is a multimodal projector (mmproj) file: the vision tower and projector "
+                           f"of a multimodal model, which minigen does not run; convert the text model's GGUF beside it")
     if arch not in archs.ARCHS:
         known = ", ".join(sorted(archs.ARCHS))
         raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts {known})")
