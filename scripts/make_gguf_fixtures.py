@@ -169,6 +169,14 @@ SPECS = {
                                             max_position_embeddings=512, embedding_multiplier=12.0,
                                             attention_multiplier=0.015625, residual_multiplier=0.22,
                                             logits_scaling=8.0, tie_word_embeddings=False, **s)),
+    # GraniteMoE: the multipliers and 4 experts top 2, input_linear split by llama.cpp into gate and up halves
+    "granitemoe": dict(bpe="granitemoe", pre="gpt-2", outtype="f16", ref="transformers-hf", family="granitemoe",
+                       config=lambda v, s: cfg("GraniteMoeConfig", vocab_size=v, hidden_size=64, intermediate_size=32,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               num_local_experts=4, num_experts_per_tok=2,
+                                               max_position_embeddings=512, embedding_multiplier=12.0,
+                                               attention_multiplier=0.015625, residual_multiplier=0.22,
+                                               logits_scaling=8.0, tie_word_embeddings=False, **s)),
     # OLMo 3 (written as olmo2 with a sliding window): windows of 8 on layers 0-2, YaRN on the full layer 3
     "olmo3": dict(bpe="olmo3", pre="dbrx", outtype="f16", ref="transformers-hf", family="olmo3",
                   config=lambda v, s: cfg("Olmo3Config", vocab_size=v, hidden_size=64, intermediate_size=128,

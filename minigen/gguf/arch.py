@@ -8,6 +8,7 @@ Hugging Face's (llama.cpp's `conversion/*.py` in the llama-cpp-python sdist, per
     llama, smollm3, granite, mistral3   q/k rows permuted so each head's two RoPE halves interleave (llama.cpp's
                      "normal" RoPE)
     olmo2            nothing; a file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
+    granitemoe       q/k permuted; each layer's input_linear (E, 2F, D) split into ffn_gate_exps and ffn_up_exps
     gemma, gemma2/3  every norm weight stored as 1 + w (HF stores w and adds 1 in the forward pass)
     gpt2             Conv1D weights transposed to (out, in)
     gptneox          the fused query_key_value rows reordered from per-head [q; k; v] to [all q; all k; all v]
@@ -286,6 +287,13 @@ def _granite(m: Meta, t: Tensors) -> dict:
             "embedding_multiplier": m.float("embedding_scale", default=1.0)}
 
 
+def _granitemoe(m: Meta, t: Tensors) -> dict:
+    """GraniteMoE: Granite's multipliers and routed experts (expert_count, expert_used_count); llama.cpp split
+    each layer's input_linear into ffn_gate_exps and ffn_up_exps (convert.py joins them again)."""
+    return {**_granite(m, t), "num_local_experts": m.int("expert_count"),
+            "num_experts_per_tok": m.int("expert_used_count")}
+
+
 def _mistral3(m: Meta, t: Tensors) -> dict:
     """Ministral 3 (the text GGUF of a Mistral 3 checkpoint): Llama with YaRN and, from
     attention.temperature_scale, llama 4's query scale (its period: YaRN's original context)."""
@@ -418,6 +426,7 @@ ARCHS = {
                     spell=_neox_names),
     "smollm3": Arch("smollm3", "SmolLM3ForCausalLM", _smollm3, fixes=_PERMUTED),
     "granite": Arch("granite", "GraniteForCausalLM", _granite, fixes=_PERMUTED),
+    "granitemoe": Arch("granitemoe", "GraniteMoeForCausalLM", _granitemoe, fixes=_PERMUTED),
     "mistral3": Arch("ministral3", "Ministral3ForCausalLM", _mistral3, fixes=_PERMUTED),
 }
 
