@@ -3,6 +3,7 @@ of the multimodal wrappers (Gemma 3, Mistral 3). Needs torch + transformers; min
 
     /root/ref/bin/python scripts/make_family_fixtures.py              # all of them
     /root/ref/bin/python scripts/make_family_fixtures.py granite olmo3
+    /root/ref/bin/python scripts/make_family_fixtures.py yarn          # yarn_frequencies.json only
 
 The machinery is make_fixtures.py's (tokenizers, randomised init, reference.npz, re-seeding, the sanity
 checks); what is new here:
@@ -400,8 +401,57 @@ def expert_reference(name: str) -> None:
     print(f"{name}: routing of {experts.shape[1]} tokens in {L} layers, {len(sets)} expert ablations")
 
 
+# --- YaRN at real sizes: transformers' inv_freq and attention factor ----------------------------------------
+
+YARN_CASES = {  # name: (config class, fields): the hub's settings, and edge cases of transformers' reading
+    "ministral-3-3b": ("Ministral3Config", dict(head_dim=128, max_position_embeddings=262144, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384, beta_fast=32.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))),
+    "qwen2.5-yarn": ("Qwen2Config", dict(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
+                                         max_position_embeddings=32768,
+                                         rope_scaling={"type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 32768},
+                                         rope_theta=1e6)),
+    "olmo-3-full-layers": ("LlamaConfig", dict(hidden_size=4096, num_attention_heads=32, max_position_embeddings=65536,
+                                               rope_parameters=dict(rope_type="yarn", rope_theta=5e5, factor=8.0,
+                                                                    original_max_position_embeddings=8192,
+                                                                    attention_factor=1.2079441541679836))),
+    "factor-disagrees": ("LlamaConfig", dict(hidden_size=512, num_attention_heads=4, max_position_embeddings=4096,
+                                             rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0,
+                                                                  original_max_position_embeddings=1024))),
+    "mscale-and-all-dim": ("LlamaConfig", dict(hidden_size=1024, num_attention_heads=8, max_position_embeddings=163840,
+                                               rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=40.0,
+                                                                    original_max_position_embeddings=4096,
+                                                                    mscale=0.707, mscale_all_dim=0.707,
+                                                                    beta_fast=32, beta_slow=1))),
+    "no-truncate-partial": ("Qwen2Config", dict(hidden_size=768, num_attention_heads=6, num_key_value_heads=6,
+                                                max_position_embeddings=8192,
+                                                rope_parameters=dict(rope_type="yarn", rope_theta=5e5, factor=4.0,
+                                                                     original_max_position_embeddings=2048,
+                                                                     beta_fast=8.0, beta_slow=0.5, truncate=False,
+                                                                     partial_rotary_factor=0.5))),
+}
+
+
+def yarn_reference() -> None:
+    """tests/fixtures/yarn_frequencies.json: for each case, its config.json as transformers 5.24 saves it,
+    and ROPE_INIT_FUNCTIONS['yarn']'s inv_freq (float32, as a list) and attention factor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    out = {}
+    for name, (cls, fields) in YARN_CASES.items():
+        config = getattr(transformers, cls)(vocab_size=32, num_hidden_layers=1, **fields)
+        inv_freq, attention = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+        out[name] = {"config": json.loads(config.to_json_string()), "inv_freq": inv_freq.tolist(),
+                     "attention_factor": attention}
+    (OUT / "yarn_frequencies.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"yarn_frequencies.json: {len(out)} cases")
+
+
 def main(names: list[str]) -> None:
-    for name in names or list(FIXTURES):
+    if not names or "yarn" in names:
+        yarn_reference()
+    for name in [n for n in names if n != "yarn"] if names else list(FIXTURES):
         if name in FIXTURES:
             print(json.dumps(make(name)))
         if name in EXPERT_FIXTURES:
