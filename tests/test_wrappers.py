@@ -95,3 +95,21 @@ def test_bad_wrapper_configs_name_the_field(raw, words):
     with pytest.raises(MinigenError) as e:
         parse_config(raw)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_qwen3_5s_layout_is_read_generically(tmp_path):
+    """Qwen3.5's wrapper (model.language_model.*, model.visual.*, mtp.* which transformers ignores, lm_head)
+    around a text family: here a float32 llama fixture's weights and config, so its transformers reference holds."""
+    path = relayout(FIXTURES_DIR / "llama_yarn", tmp_path / "q", [("model.", "model.language_model.")])
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors.update({"model.visual.patch_embed.proj.weight": np.zeros((4, 4), np.float32),
+                    "mtp.fc.weight": np.zeros((4, 4), np.float32)})
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    text = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+        "tie_word_embeddings": text["tie_word_embeddings"], "image_token_id": 3}))
+    model = minigen.load(path)[0]
+    ref = load_reference("llama_yarn")
+    assert model.config.wrapper == "qwen3_5" and model.config.model_type == "llama"
+    assert np.abs(model.logits(ref["input_ids"]) - ref["logits"]).max() <= 1e-4

@@ -310,8 +310,9 @@ class Wrapper:
     prefixes belong to the vision tower and projector (left unread), and transformers' defaults for the
     fields the top level decides (tie_word_embeddings: the wrapper's own, not text_config's)."""
     text_model_type: str                  # text_config's model_type when it has none
-    vision: tuple                         # prefixes of the tensors minigen does not read
+    vision: tuple                         # prefixes of the vision tower's and projector's tensors (not read)
     tie_word_embeddings: bool = True
+    ignored: tuple = ()                   # prefixes transformers ignores too (Qwen3.5's multi-token prediction)
     renames: tuple = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                       ("model.language_model.", "model."))
 
@@ -321,5 +322,5 @@ WRAPPERS = {
                                       "model.multi_modal_projector.")),
     "mistral3": Wrapper("mistral", ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                                     "model.multi_modal_projector.")),
-    "qwen3_5": Wrapper("qwen3_5_text", ("model.visual.", "visual."), tie_word_embeddings=False),
+    "qwen3_5": Wrapper("qwen3_5_text", ("model.visual.", "visual."), tie_word_embeddings=False, ignored=("mtp.",)),
 }

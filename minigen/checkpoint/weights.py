@@ -330,7 +330,7 @@ def text_part(wrapper: str, refs: dict[str, TensorRef]) -> dict[str, TensorRef]:
     w = WRAPPERS[wrapper]
     out = {}
     for name, ref in refs.items():
-        if name.startswith(w.vision):
+        if name.startswith(w.vision + w.ignored):
             continue
         new = next((to + name[len(old):] for old, to in w.renames if name.startswith(old)), name)
         if new in out:
