@@ -63,19 +63,30 @@ def categorical(logprobs: np.ndarray, rng: np.random.Generator) -> int:
 
 def make_sampler(temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Sampler:
     """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters.
-    The values are trusted: generate.Options.check validates a run's options, once."""
-    if temp == 0:
-        return lambda logprobs, rng: int(np.argmax(logprobs))
-    k, p, mp = top_k, top_p, min_p  # the names above are shadowed by the arguments
+    The values are trusted: generate.Options.check validates a run's options, once. Its `.logprobs(x)`
+    is the distribution it draws from (speculative sampling needs it, not only a draw)."""
+    return Sampling(temp, top_k, top_p, min_p)
 
-    def sample(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+
+class Sampling:
+    """The sampler of make_sampler: `logprobs` is the tempered, filtered distribution, `__call__` one
+    draw from it (or the argmax, greedy)."""
+
+    def __init__(self, temp: float, k: int, p: float, mp: float):
+        self.temp, self.k, self.p, self.mp = temp, k, p, mp
+        self.greedy = temp == 0
+
+    def logprobs(self, logprobs: np.ndarray) -> np.ndarray:
+        """(V,) the log-probabilities draws come from, -inf where filtered out (greedy: not used)."""
         # Shift before dividing: the best token stays at exactly 0, so a temperature as small as 1e-40
         # sends the others to -inf (greedy) instead of overflowing to inf - inf = NaN.
-        lp = log_softmax((logprobs - np.max(logprobs)) / np.float32(temp))
-        lp = _filters(lp, k, p, mp)
-        return categorical(lp, rng)
+        lp = log_softmax((logprobs - np.max(logprobs)) / np.float32(self.temp))
+        return _filters(lp, self.k, self.p, self.mp)
 
-    return sample
+    def __call__(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
+        if self.greedy:
+            return int(np.argmax(logprobs))
+        return categorical(self.logprobs(logprobs), rng)
 
 
 def _filters(lp: np.ndarray, k: int, p: float, mp: float) -> np.ndarray:

@@ -21,6 +21,7 @@ from ..engine.cache import truncate
 from ..errors import MinigenError, OptionError, is_int, short
 from ..engine.cache import must_recompute
 from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
+from .speculative import forward_rows, make_drafter, verify
 
 
 FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
@@ -34,6 +35,9 @@ class Step:
     prefill: bool               # produced by the prompt's forward
     logits: np.ndarray          # (V,) the raw logits the token was drawn from
     attentions: list | None     # per layer (H, T, S) when recorded: prefill T = prompt, decode T = 1
+    forward: bool = True        # the first token of a forward pass (speculative decoding yields several)
+    drafted: int = 0            # on a forward's first token: the drafts that forward verified
+    accepted: int = 0           # ... and how many of them it kept
 
 
 def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = None,
@@ -79,6 +83,66 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
         if finish:
             return
         ids = [token]
+
+
+def speculative_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = None,
+                     processors: Sequence[Processor] = (), rng: np.random.Generator | None = None,
+                     max_tokens: int = 256, eos_ids: Sequence[int] = (), max_context: int | None = None,
+                     record_attention: bool = False, cache: list | None = None, *, drafter) -> Iterator[Step]:
+    """generate_step's Steps, the same tokens (greedy) or the same distribution (sampling), with
+    `drafter`'s guesses verified several per forward. The cache, as generate_step's, holds after each
+    Step the prompt and every generated token but the last."""
+    if record_attention:
+        raise ValueError("speculative decoding records no attention weights (its forwards hold drafts)")
+    tokens = [int(t) for t in prompt_ids]
+    max_context = max_context or model.config.max_position_embeddings
+    check_prompt(len(tokens), max_context)
+    sampler = sampler or make_sampler(0.0)
+    if rng is None and not sampler.greedy:
+        rng = np.random.default_rng()
+    if cache is None:
+        cache = model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
+    eos, pending = frozenset(int(e) for e in eos_ids), tokens[cache[0].offset:]
+    if not pending:
+        raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
+    n = 0
+    while True:
+        start = time.perf_counter()
+        if must_recompute(model.config, cache[0].offset, len(pending)):  # longrope's switch, as generate_step
+            truncate(cache, 0)
+            pending = tokens
+        offset = cache[0].offset
+        room = min(max_tokens - n - 1, max_context - offset - len(pending)) if n else 0  # none on the prompt
+        draft, q = drafter.draft(tokens, room, sampler, processors, rng) if room > 0 else ([], None)
+        while draft and must_recompute(model.config, offset, len(pending) + len(draft)):
+            draft, q = draft[:-1], q and q[:-1]   # never across longrope's switch: its keys would differ
+        logits = forward_rows(model, pending + draft, cache, len(draft) + 1)         # (k + 1, V)
+        if not np.isfinite(logits).all():
+            raise MinigenError(f"step {n + 1}: the model's logits are not finite (NaN or infinity); the "
+                               f"checkpoint's weights or config.json are likely corrupt")
+        out = verify(logits, draft, q, tokens, sampler, processors, rng)
+        seconds = time.perf_counter() - start
+        drafter.feedback(len(draft), len(out) - 1, out[-1], seconds if n else None, len(pending) + len(draft))
+        base = offset + len(pending)   # cache positions filled before the first kept token's
+        truncate(cache, base + len(out) - 1)   # the kept drafts stay; the rejected ones are cut
+        for j, token in enumerate(out):
+            n += 1
+            tokens.append(token)
+            finish = ("eos" if token in eos else "length" if n == max_tokens
+                      else "context" if base + j >= max_context else None)
+            if finish or j == len(out) - 1:
+                truncate(cache, base + j)   # as generate_step leaves it: every generated token but this one
+            try:
+                yield Step(token, finish, seconds / len(out), n == 1, logits[j], None,
+                           forward=j == 0, drafted=len(draft) if j == 0 else 0,
+                           accepted=len(out) - 1 if j == 0 else 0)
+            except GeneratorExit:   # the caller stopped here (a stop string): the cache as after this Step
+                truncate(cache, min(cache[0].offset, base + j))
+                raise
+            if finish:
+                return
+        pending = [out[-1]]
+
 
 
 def check_prompt(n_tokens: int, max_context: int):
@@ -142,6 +206,9 @@ class Options:
     ignore_eos: bool = False
     max_context: int | None = None
     record_attention: bool = False
+    prompt_lookup: bool = False          # draft from the context's own n-grams (speculative decoding)
+    draft_model: tuple | None = None     # (Model, Tokenizer) of a small model that drafts (same vocabulary)
+    draft_tokens: int | None = None      # at most this many drafts per forward (None: 16); 0 drafts none
 
     def check(self):
         """OptionError naming the first option of the wrong type or out of range."""
@@ -160,11 +227,20 @@ class Options:
             ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
             ("max_context", opt(lambda v: is_int(v) and v >= 1), "an integer >= 1"),
             ("record_attention", lambda v: isinstance(v, bool), "true or false"),
+            ("prompt_lookup", lambda v: isinstance(v, bool), "true or false"),
+            ("draft_model", opt(lambda v: isinstance(v, tuple) and len(v) == 2 and hasattr(v[0], "forward")),
+             "a (model, tokenizer) pair, as minigen.load returns"),
+            ("draft_tokens", opt(lambda v: is_int(v) and 0 <= v <= 64), "an integer in 0..64"),
         ]
         for name, ok, what in rules:
             value = getattr(self, name)
             if not ok(value):
                 raise OptionError(name, f"should be {what}, got {short(value, 40)}")
+        if self.record_attention and (self.prompt_lookup or self.draft_model):
+            raise OptionError("prompt_lookup" if self.prompt_lookup else "draft_model",
+                              "cannot be combined with recording attention (a verifying forward holds drafts)")
+        if self.prompt_lookup and self.draft_model:
+            raise OptionError("draft_model", "choose one drafter: prompt_lookup or draft_model, not both")
 
 
 def _is_real(v) -> bool:
@@ -184,6 +260,17 @@ class Stats:
     prefill_seconds: float = 0.0        # the prompt's forward (and the first token's sampling)
     decode_seconds: float = 0.0         # the one-token forwards after it
     finish: str | None = None           # "eos" | "length" | "context" | "stop"; None if interrupted
+    forwards: int = 0                   # forward passes, the prompt's included
+    drafted: int = 0                    # speculative decoding: draft tokens verified
+    accepted: int = 0                   # ... and kept
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def accepted_per_forward(self) -> float:
+        return self.accepted / (self.forwards - 1) if self.forwards > 1 else 0.0
 
     @property
     def prefill_tps(self) -> float:
@@ -227,37 +314,60 @@ class Run:
         check_prompt(len(self.prompt), self.max_context)
         self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
+        self.drafter = make_drafter(self.model, self.tokenizer, self.options)
+        self._detok, self._pending, self.stopped = None, "", False
+        self._stops = tuple(s for s in self.options.stop if s)
 
     def steps(self) -> Iterator[Step]:
+        loop, drafter = (generate_step, {}) if self.drafter is None else (speculative_step, {"drafter": self.drafter})
+        return loop(self.model, self.prompt, *self.loop_args(), **drafter)
+
+    def loop_args(self) -> tuple:
+        """generate_step's arguments after the prompt, from the options: (sampler, processors, rng,
+        max_tokens, eos_ids, max_context, record_attention, cache). A Batch takes them too."""
         o, s = self.options, self.settings
         greedy = s["temp"] == 0
         sampler = None if greedy else make_sampler(s["temp"], s["top_k"], s["top_p"], s["min_p"])
         penalty = make_repetition_penalty(s["repeat_penalty"], o.repeat_last_n)
-        return generate_step(self.model, self.prompt, sampler, [penalty] if penalty else [],
-                             None if greedy else np.random.default_rng(o.seed), o.max_tokens,
-                             () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
-                             o.record_attention, self.cache)
+        return (sampler, [penalty] if penalty else [], None if greedy else np.random.default_rng(o.seed),
+                o.max_tokens, () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
+                o.record_attention, self.cache)
 
     def pieces(self) -> Iterator[str]:
-        detok, pending, stops = self.tokenizer.streamer(), "", tuple(s for s in self.options.stop if s)
         for step in self.steps():
-            self._count(step)
-            for callback in self.on_step:
-                callback(step)
-            if step.finish == "eos":
-                break  # the EOS that ends generation is not text
-            self.tokens.append(step.token)
-            text, pending, stopped = split_at_stop(pending + detok.add(step.token), stops)
+            text = self.take(step)
             if text:
                 yield text
-            if stopped:
-                self.stats.finish = "stop"
-                return
-        text, _, stopped = split_at_stop(pending + detok.flush(), stops, final=True)
-        if stopped:
-            self.stats.finish = "stop"
+            if self.stopped or step.finish == "eos":
+                break
+        text = self.flush()
         if text:
             yield text
+
+    def take(self, step: Step) -> str:
+        """One Step in, as pieces() takes them or a Batch hands them out: the text it completes. After
+        a stop string (`stopped`) or a Step with a finish, `flush()` gives what was held back."""
+        if self._detok is None:
+            self._detok = self.tokenizer.streamer()
+        self._count(step)
+        for callback in self.on_step:
+            callback(step)
+        if step.finish == "eos":
+            return ""  # the EOS that ends generation is not text
+        self.tokens.append(step.token)
+        text, self._pending, self.stopped = split_at_stop(self._pending + self._detok.add(step.token), self._stops)
+        if self.stopped:
+            self.stats.finish = "stop"
+        return text
+
+    def flush(self) -> str:
+        """The text held back (an incomplete character, a possible stop string's start) at the end."""
+        if self.stopped or self._detok is None:
+            return ""
+        text, self._pending, stopped = split_at_stop(self._pending + self._detok.flush(), self._stops, final=True)
+        if stopped:
+            self.stats.finish, self.stopped = "stop", True
+        return text
 
     def text(self) -> str:
         return "".join(self.pieces())
@@ -270,6 +380,9 @@ class Run:
         else:
             st.decode_seconds += step.seconds
         st.finish = step.finish
+        st.forwards += step.forward
+        st.drafted += step.drafted
+        st.accepted += step.accepted
 
 
 def split_at_stop(text: str, stops: Sequence[str], final: bool = False) -> tuple[str, str, bool]:

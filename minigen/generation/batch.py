@@ -1,0 +1,173 @@
+"""Batched generation: several sequences decoded together, each forward over all of their new rows.
+
+`Batch` is the step a server runs: `add` a sequence (its prompt and generate_step's options) between
+steps, `step()` feeds every sequence's pending ids (a new one's prompt, the others' last token) through
+one batched forward and samples each sequence's next token with its own sampler, processors and rng;
+a sequence leaves when it finishes (EOS, max_tokens, a full context) or is cancelled. Each sequence
+has its own cache (and offset), so prompts of any length share a step, and each result is the one
+generate_step gives that prompt alone: the same stop rules, and each sequence's draws from its own rng.
+
+`generate_batch` runs a list of prompts through one Batch, text and all (a Run per prompt: the
+detokenizer and stop strings).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..engine.cache import must_recompute, truncate
+from ..errors import MinigenError, OptionError, short
+from .sampling import Processor, Sampler, make_sampler
+from .steps import FIRST_ROOM, Run, Step, check_prompt, run
+
+
+@dataclass
+class Member:
+    """One sequence of a Batch: generate_step's state, kept between steps."""
+    tokens: list[int]
+    pending: list[int]            # ids to feed at the next step: the prompt (or its uncached rest), then one
+    cache: list
+    sampler: Sampler
+    processors: Sequence[Processor]
+    rng: np.random.Generator | None
+    max_tokens: int
+    eos: frozenset
+    max_context: int
+    n: int = 0                    # tokens generated so far
+
+
+class Batch:
+    """Sequences generated together; see the module's docstring. Not thread-safe: one caller steps it."""
+
+    def __init__(self, model):
+        self.model = model
+        self.sequences: dict[int, Member] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def add(self, prompt_ids: Sequence[int], sampler: Sampler | None = None, processors: Sequence[Processor] = (),
+            rng: np.random.Generator | None = None, max_tokens: int = 256, eos_ids: Sequence[int] = (),
+            max_context: int | None = None, record_attention: bool = False, cache: list | None = None) -> int:
+        """A new sequence, with generate_step's arguments; it joins at the next step. Returns its handle."""
+        if record_attention:
+            raise ValueError("a batch records no attention weights")
+        tokens = [int(t) for t in prompt_ids]
+        max_context = max_context or self.model.config.max_position_embeddings
+        check_prompt(len(tokens), max_context)
+        if cache is None:
+            cache = self.model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
+        if not tokens[cache[0].offset:]:
+            raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
+        if rng is None and sampler is not None:
+            rng = np.random.default_rng()
+        handle, self._next = self._next, self._next + 1
+        self.sequences[handle] = Member(tokens, tokens[cache[0].offset:], cache, sampler or make_sampler(0.0),
+                                           list(processors), rng, max_tokens, frozenset(int(e) for e in eos_ids),
+                                           max_context)
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """The sequence leaves the batch (a client gone, a stop string); unknown or finished: nothing."""
+        self.sequences.pop(handle, None)
+
+    def step(self) -> dict[int, Step]:
+        """One token for every sequence in the batch, by handle; a Step with a finish is its last."""
+        if not self.sequences:
+            return {}
+        start = time.perf_counter()
+        handles = list(self.sequences)
+        seqs = [self.sequences[h] for h in handles]
+        for s in seqs:
+            if must_recompute(self.model.config, s.cache[0].offset, len(s.pending)):  # longrope, as generate_step
+                truncate(s.cache, 0)
+                s.pending = s.tokens
+        logits = forward_batch(self.model, [s.pending for s in seqs], [s.cache for s in seqs])   # (B, V)
+        out = {}
+        for h, s, row in zip(handles, seqs, logits):
+            out[h] = self._next_token(s, row)
+        seconds = time.perf_counter() - start
+        for h, step in out.items():
+            step.seconds = seconds
+            if step.finish:
+                del self.sequences[h]
+        return out
+
+    def _next_token(self, s: Member, logits: np.ndarray) -> Step:
+        if not np.isfinite(logits).all():
+            raise MinigenError(f"step {s.n + 1}: the model's logits are not finite (NaN or infinity); the "
+                               f"checkpoint's weights or config.json are likely corrupt")
+        scores = logits
+        for process in s.processors:
+            scores = process(scores, s.tokens)
+        token = s.sampler(scores, s.rng)
+        s.tokens.append(token)
+        s.n += 1
+        s.pending = [token]
+        finish = ("eos" if token in s.eos else "length" if s.n == s.max_tokens
+                  else "context" if s.cache[0].offset >= s.max_context else None)
+        return Step(token, finish, 0.0, s.n == 1, logits, None)
+
+
+def forward_batch(model, ids: list[list[int]], caches: list[list]) -> list[np.ndarray]:
+    """Each sequence's logits (V,) after its new ids, through its own cache, in one forward."""
+    return [logits[0] for logits in model.forward_batch(ids, caches, last_only=True)]
+
+
+# --- a list of prompts, text and all -------------------------------------------------------------------
+
+@dataclass
+class Result:
+    index: int
+    text: str
+    tokens: list[int]
+    finish_reason: str | None
+    run: Run = field(repr=False)
+
+
+def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | dict = (),
+               chat: bool = False, on_step: Callable[[int, Step], None] | None = None,
+               max_batch: int | None = None) -> list[Result]:
+    """Generate for every prompt (text or ids), each with its own options (one dict for all, or one per
+    prompt), at most max_batch at a time (None: all), in one Batch. Results in input order."""
+    if isinstance(options, dict):
+        options = [options] * len(prompts)
+    if len(options) != len(prompts):
+        raise OptionError("options", f"{len(options)} option sets for {len(prompts)} prompts")
+    runs = [_run(model, tokenizer, p, o, chat) for p, o in zip(prompts, options)]
+    texts = [""] * len(runs)
+    batch, handles, waiting = Batch(model), {}, list(range(len(runs)))
+    while waiting or handles:
+        while waiting and (max_batch is None or len(handles) < max_batch):
+            i = waiting.pop(0)
+            handles[batch.add(runs[i].prompt, *runs[i].loop_args())] = i
+        for h, step in batch.step().items():
+            i = handles[h]
+            r = runs[i]
+            texts[i] += r.take(step)
+            if r.stopped or step.finish:
+                texts[i] += r.flush()
+                batch.cancel(h)
+                del handles[h]
+            if on_step:
+                on_step(i, step)
+    return [Result(i, texts[i], r.tokens, r.stats.finish, r) for i, r in enumerate(runs)]
+
+
+def _run(model, tokenizer, prompt, options: dict, chat: bool) -> Run:
+    if not isinstance(options, dict):
+        raise OptionError("options", f"should be an object of options, got {short(options, 40)}")
+    r = run(model, tokenizer, prompt, chat=chat, **options)
+    if r.drafter is not None:
+        raise OptionError("prompt_lookup" if r.options.prompt_lookup else "draft_model",
+                          "speculative decoding is not available in a batch yet")
+    return r
+
+
+def generate_batch(model, tokenizer, prompts: Sequence, **options) -> list[str]:
+    """The generated text for each prompt, in order: minigen.generate on each, computed as one batch."""
+    return [r.text for r in batch_runs(model, tokenizer, prompts, options)]

@@ -1,0 +1,259 @@
+"""Speculative decoding: several tokens per pass over the weights, the output unchanged.
+
+A drafter guesses the next k tokens: prompt lookup (the tokens that followed the context's last
+n-gram where it occurred before, n = 3, 2, 1, as transformers' prompt_lookup_num_tokens and
+llama.cpp's lookup decoding do) or a small draft model sharing the vocabulary. One forward of the
+model over the pending token and the k drafts gives its logits at each of the k + 1 positions; the
+tokens kept are the longest prefix of the draft that the model itself would have produced, plus the
+model's own next token, so every forward yields at least one token. The cache is then cut back past
+the rejected drafts: an offset moved (`truncate` on every layer's cache), nothing copied.
+
+Greedy: a draft token is kept while it equals the argmax of the processed scores at its position.
+Sampling: the speculative-sampling rule (Leviathan et al. 2023; Chen et al. 2023). A draft token x
+drawn from q is kept with probability min(1, p(x) / q(x)); at the first rejection the token is drawn
+from max(0, p - q), normalised; after k acceptances, from p. Each token is then distributed exactly
+as without speculation. p at a position is the whole sampling pipeline (the repetition penalty over
+the tokens so far, the drafted prefix included; temperature; top-k, top-p, min-p). Prompt lookup is
+deterministic: its q puts all mass on its token, so x is kept with probability p(x) and a rejection
+draws from p without x.
+
+How many drafts to verify (`Policy`): the k that maximises the expected tokens per unit of time,
+(1 + a + ... + a^k) / cost(k + 1), with a the running acceptance rate of a draft position and
+cost(r) a forward over r rows relative to a one-row forward (measured as it goes; the prior is the
+bench's figure). Prompt lookup's guesses are checked against the model's tokens even when not
+verified (they cost nothing to make), so on text that never repeats a falls and k goes to 0: plain
+decoding, plus a lookup of a few microseconds per token.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..engine.cache import must_recompute, truncate
+from ..engine.model import hidden, unembed
+from ..errors import MinigenError
+from .sampling import Processor, categorical
+
+KS = (0, 1, 2, 3, 4, 6, 8, 12, 16)   # draft lengths the policy chooses among
+# forward(r rows) / forward(1 row) for SmolLM2-135M after a short prompt (scripts/bench.py --spec);
+# replaced by the times measured during the run once a size has been tried
+PRIOR_COST = {1: 1.0, 2: 2.6, 3: 2.7, 4: 2.8, 5: 2.8, 7: 2.9, 9: 2.9, 13: 3.0, 17: 3.2}
+
+
+def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
+    """The model's logits (rows, V) at the last `rows` positions of ids, fed through the cache."""
+    ids = model.check_ids(ids)
+    x = hidden(model.params, model.config, ids, cache)                       # (T, D)
+    return unembed(x[-rows:], model.params, model.config)                     # (rows, V)
+
+
+def verify(logits: np.ndarray, draft: list[int], q: list[np.ndarray] | None, tokens: list[int],
+           sampler, processors: Sequence[Processor], rng) -> list[int]:
+    """The tokens kept: the accepted prefix of `draft`, then one token of the model's own. logits
+    (k + 1, V) at the draft's positions; q the drafter's probabilities (k of (V,)), None when it is
+    deterministic; tokens the context before the draft."""
+    out: list[int] = []
+    for i, row in enumerate(logits):
+        scores = row
+        for process in processors:
+            scores = process(scores, tokens + out)
+        if i == len(draft):
+            return out + [sampler(scores, rng)]
+        x = draft[i]
+        if sampler.greedy:
+            token = int(np.argmax(scores))
+            if token != x:
+                return out + [token]
+        else:
+            p = np.exp(sampler.logprobs(scores).astype(np.float64))          # (V,), sums to 1
+            qx = 1.0 if q is None else float(q[i][x])
+            if rng.random() * qx >= p[x]:    # rejected: draw from max(0, p - q), normalised
+                return out + [residual_draw(p, x if q is None else q[i], rng)]
+        out.append(x)
+    raise AssertionError("unreachable: logits has one row more than the draft")
+
+
+def residual_draw(p: np.ndarray, q, rng) -> int:
+    """A draw from max(0, p - q) normalised; q a (V,) array, or an int: all of q's mass on that token."""
+    if isinstance(q, (int, np.integer)):
+        r = p.copy()
+        r[q] = 0.0
+    else:   # q may be shorter (a draft's vocabulary within the model's padded one)
+        r = p.copy()
+        r[:len(q)] = np.maximum(p[:len(q)] - q, 0.0)
+    if not r.sum() > 0:   # p <= q everywhere: a rejection had probability 0; only rounding gets here
+        r = p
+    with np.errstate(divide="ignore"):
+        return categorical(np.log(r), rng)
+
+
+# --- drafters ------------------------------------------------------------------------------------------
+
+class Policy:
+    """The number of drafts to verify (see the module's docstring): acceptance rates per kind of guess,
+    forward times per row count, and the cost of drafting one token (a draft model's forward)."""
+
+    def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
+        self.max_draft, self.draft_cost = max_draft, draft_cost
+        self.rate: dict = {}          # kind -> running acceptance rate of one draft position
+        self.seconds: dict = {}       # rows -> running seconds of a forward over that many rows
+        self.prior = prior
+
+    def choose(self, kind, available: int) -> int:
+        a = min(self.rate.get(kind, self.prior), 0.999)
+        best, best_k = 1.0, 0
+        for k in KS:
+            if 0 < k <= min(available, self.max_draft):
+                expected = (1 - a ** (k + 1)) / (1 - a)
+                gain = expected / (self.cost(k + 1) + k * self.draft_cost)
+                if gain > best:
+                    best, best_k = gain, k
+        return best_k
+
+    def cost(self, rows: int) -> float:
+        if rows in self.seconds and 1 in self.seconds:
+            return self.seconds[rows] / self.seconds[1]
+        return PRIOR_COST.get(rows) or PRIOR_COST[min(PRIOR_COST, key=lambda r: abs(r - rows))]
+
+    def observe(self, kind, accepted: int, drafted: int):
+        """A draft of `drafted` guesses whose first `accepted` were kept: position by position."""
+        a = self.rate.get(kind, self.prior)
+        for hit in [1.0] * accepted + ([0.0] if accepted < drafted else []):
+            a += 0.15 * (hit - a)
+        self.rate[kind] = a
+
+    def timed(self, rows: int, seconds: float):
+        s = self.seconds.get(rows)
+        self.seconds[rows] = seconds if s is None else s + 0.2 * (seconds - s)
+
+
+class PromptLookup:
+    """Drafts from the context itself: the tokens after the last earlier occurrence of its last n-gram."""
+
+    def __init__(self, max_draft: int = 16, ngram: tuple[int, int] = (3, 1)):
+        self.policy = Policy(max_draft)
+        self.ngram = ngram
+        self.shadow = None            # (kind, guess) made but not verified, checked against the next token
+        self.kind = None
+
+    def draft(self, tokens: list[int], room: int, sampler, processors, rng) -> tuple[list[int], None]:
+        guess, n = lookup(np.asarray(tokens), min(room, self.policy.max_draft), *self.ngram)
+        k = self.policy.choose(n, len(guess)) if guess else 0
+        self.kind, self.shadow = n, (n, guess[0]) if guess and k == 0 else None
+        return guess[:k], None
+
+    def feedback(self, drafted: int, accepted: int, token: int, seconds: float | None, rows: int):
+        if drafted:
+            self.policy.observe(self.kind, accepted, drafted)
+        elif self.shadow:
+            self.policy.observe(self.shadow[0], int(self.shadow[1] == token), 1)
+        if seconds is not None:
+            self.policy.timed(rows, seconds)
+
+
+def lookup(tokens: np.ndarray, k: int, n_max: int = 3, n_min: int = 1) -> tuple[list[int], int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram, n
+    from n_max down to n_min, and that n; ([], 0) when none occurs."""
+    L = len(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        windows = sliding_window_view(tokens[:L - 1], n)                    # (L - n, n): each has a next token
+        hits = np.flatnonzero((windows == tokens[L - n:]).all(axis=1))
+        if len(hits) and k > 0:
+            start = int(hits[-1]) + n
+            return tokens[start:start + k].tolist(), n
+    return [], 0
+
+
+class DraftModel:
+    """Drafts with a small model of the same vocabulary, through a cache of its own that follows the
+    context: on each call it is cut back to what the context still shares with it, then fed the rest."""
+
+    def __init__(self, model, max_draft: int = 16, vocab: int | None = None):
+        self.model, self.vocab = model, vocab or model.config.vocab_size   # ids it may propose: the model's too
+        self.policy = Policy(max_draft, draft_cost=0.3)   # a draft token's forward, per target forward: measured
+        self.cache = model.make_cache(256)
+        self.cached: list[int] = []      # the ids the draft cache holds
+        self.idle = 0
+
+    def draft(self, tokens: list[int], room: int, sampler, processors, rng) -> tuple[list[int], list | None]:
+        k = self.policy.choose("draft", min(room, self.model.config.max_position_embeddings - len(tokens)))
+        if k == 0:   # drafting does not pay at the rates seen: try one now and then, in case they change
+            self.idle += 1
+            if self.idle < 16 or room < 1 or len(tokens) + 1 > self.model.config.max_position_embeddings:
+                return [], None
+            k, self.idle = 1, 0
+        start = time.perf_counter()
+        keep = common_prefix(self.cached, tokens[:-1])
+        truncate(self.cache, keep)
+        feed, out, q = tokens[keep:], [], []
+        for _ in range(k):
+            if must_recompute(self.model.config, self.cache[0].offset, len(feed)):
+                truncate(self.cache, 0)
+                feed = tokens + out
+            scores = self.model.forward(feed, self.cache, last_only=True)[0][:self.vocab]
+            for process in processors:
+                scores = process(scores, tokens + out)
+            out.append(self._pick(scores, sampler, rng, q))
+            feed = [out[-1]]
+        self.cached = (tokens + out)[:self.cache[0].offset]
+        self.draft_seconds = (time.perf_counter() - start) / k
+        return out, None if sampler.greedy else q
+
+    def _pick(self, scores: np.ndarray, sampler, rng, q: list) -> int:
+        if sampler.greedy:
+            return int(np.argmax(scores))
+        lp = sampler.logprobs(scores)                                        # (V_draft,)
+        q.append(np.exp(lp.astype(np.float64)))
+        return categorical(lp, rng)
+
+    def feedback(self, drafted: int, accepted: int, token: int, seconds: float | None, rows: int):
+        if drafted:
+            self.policy.observe("draft", accepted, drafted)
+        if seconds is not None:
+            self.policy.timed(rows, seconds - (drafted and self.draft_seconds * drafted))
+            if drafted and 1 in self.policy.seconds:
+                self.policy.draft_cost = self.draft_seconds / self.policy.seconds[1]
+
+
+def make_drafter(model, tokenizer, options):
+    """The drafter a run's options ask for, or None: prompt_lookup, or draft_model (its vocabulary
+    checked against the model's here, once)."""
+    max_draft = 16 if options.draft_tokens is None else options.draft_tokens
+    if max_draft == 0 or not (options.prompt_lookup or options.draft_model):
+        return None
+    if options.prompt_lookup:
+        return PromptLookup(max_draft)
+    draft, draft_tokenizer = options.draft_model
+    check_same_vocabulary(tokenizer, draft_tokenizer, model, draft)
+    return DraftModel(draft, max_draft, min(model.config.vocab_size, draft.config.vocab_size))
+
+
+def check_same_vocabulary(tokenizer, draft_tokenizer, model, draft):
+    """MinigenError in one line unless the two tokenizers give the same ids to the same tokens, the
+    special ones included, and the draft's logits cover the model's vocabulary."""
+    mine, theirs = tokenizer.hf.get_vocab(with_added_tokens=True), draft_tokenizer.hf.get_vocab(with_added_tokens=True)
+    where = f"the draft model ({getattr(draft, 'path', None) or 'given'})"
+    differ = next((t for t in sorted(set(mine) | set(theirs), key=lambda t: mine.get(t, theirs.get(t)))
+                   if mine.get(t) != theirs.get(t)), None)
+    if differ is not None:
+        raise MinigenError(f"{where} has another vocabulary: token {differ!r} is id {theirs.get(differ)} there and "
+                           f"{mine.get(differ)} here; a draft model must share the model's tokenizer")
+    specials = {n: (tokenizer.special_token(n), draft_tokenizer.special_token(n)) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    wrong = next((n for n, (a, b) in specials.items() if a != b and a is not None and b is not None), None)
+    if wrong is not None:
+        raise MinigenError(f"{where} has another {wrong}: {specials[wrong][1]!r} there, {specials[wrong][0]!r} here")
+    if draft.config.vocab_size < len(mine):
+        raise MinigenError(f"{where}'s vocab_size {draft.config.vocab_size} is smaller than its tokenizer's {len(mine)} tokens")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

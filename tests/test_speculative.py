@@ -1,0 +1,301 @@
+"""Speculative decoding: the same tokens as plain decoding (greedy), the same distribution (sampling).
+
+The reference is always generate_step, plain one-token decoding, run beside it on the same model.
+"""
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minigen
+from conftest import FIXTURES as PARITY_FIXTURES
+from minigen.errors import MinigenError
+from minigen.generation import speculative as S
+from minigen.generation.sampling import make_repetition_penalty, make_sampler
+from minigen.generation.steps import generate_step, run, speculative_step
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = sorted(PARITY_FIXTURES)
+
+
+@lru_cache(maxsize=None)
+def fixture(name):
+    model, tok = minigen.load(FIXTURES / name)
+    return model, tok, np.load(FIXTURES / name / "reference.npz")["input_ids"].tolist()
+
+
+class Scripted:
+    """A drafter that knows the plain run's tokens (`truth`) and drafts, forward by forward, k tokens of
+    which the first `good` are right and the rest wrong, cycling through `plan` [(k, good), ...]."""
+
+    def __init__(self, truth, prompt_len, plan, vocab):
+        self.truth, self.n0, self.plan, self.vocab, self.i = truth, prompt_len, plan, vocab, 0
+        self.calls = []
+
+    def draft(self, tokens, room, sampler, processors, rng):
+        k, good = self.plan[self.i % len(self.plan)]
+        self.i += 1
+        done = len(tokens) - self.n0
+        right = self.truth[done:done + k]
+        out = [t if j < good else (t + 1) % self.vocab for j, t in enumerate(right)][:room]
+        self.calls.append((room, len(out)))
+        return out, None
+
+    def feedback(self, *args):
+        pass
+
+
+PLANS = [[(k, good)] for k in (1, 2, 3, 5, 8) for good in sorted({0, k // 2, k})] + \
+        [[(3, 3), (1, 0), (8, 2), (2, 2), (16, 16)]]
+
+
+def plain(model, ids, **kw):
+    steps = list(generate_step(model, ids, **kw))
+    return [s.token for s in steps], steps[-1].finish
+
+
+def spec(model, ids, drafter, **kw):
+    cache = model.make_cache(8)
+    steps = list(speculative_step(model, ids, drafter=drafter, cache=cache, **kw))
+    return [s.token for s in steps], steps[-1].finish, cache[0].offset, steps
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_identity_every_family_every_draft_length(name):
+    model, tok, ids = fixture(name)
+    truth, _ = plain(model, ids, max_tokens=24)
+    for plan in PLANS:
+        tokens, finish, offset, steps = spec(model, ids, Scripted(truth, len(ids), plan, model.config.vocab_size),
+                                             max_tokens=24)
+        assert tokens == truth, (name, plan)
+        assert finish == "length" and offset == len(ids) + 23
+        k, good = plan[0]
+        if len(plan) == 1 and k <= 8:  # every forward kept its right drafts and one token of its own
+            assert all(s.accepted == min(good, s.drafted) for s in steps if s.forward and s.drafted)
+    # and prompt lookup, which drafts whatever the context repeats
+    tokens, finish, offset, _ = spec(model, ids, S.PromptLookup(8), max_tokens=24)
+    assert tokens == truth
+
+
+@pytest.mark.parametrize("name", ["llama_gqa3", "qwen3", "gemma2", "phi3_longrope"])
+def test_stop_conditions_inside_drafts(name):
+    model, tok, ids = fixture(name)
+    truth, _ = plain(model, ids, max_tokens=30)
+    all_right = [(8, 8)]
+    # EOS inside an accepted draft: generation ends at its first occurrence, the cache as plain leaves it
+    for at in (1, 3, 6, 13):
+        eos = [truth[at]]
+        want, finish = plain(model, ids, max_tokens=30, eos_ids=eos)
+        got, got_finish, offset, _ = spec(model, ids, Scripted(truth, len(ids), all_right, model.config.vocab_size),
+                                          max_tokens=30, eos_ids=eos)
+        assert (got, got_finish) == (want, finish) == (want, "eos")
+        assert offset == len(ids) + len(want) - 1
+    # max_tokens at every count
+    for n in range(1, 12):
+        got, finish, offset, _ = spec(model, ids, Scripted(truth, len(ids), all_right, model.config.vocab_size),
+                                      max_tokens=n)
+        assert (got, finish, offset) == (truth[:n], "length", len(ids) + n - 1)
+    # a full context: drafts never reach past it, the last token is yielded with finish "context"
+    for room in (1, 2, 5, 9):
+        want, finish = plain(model, ids, max_tokens=30, max_context=len(ids) + room)
+        d = Scripted(truth, len(ids), all_right, model.config.vocab_size)
+        got, got_finish, offset, _ = spec(model, ids, d, max_tokens=30, max_context=len(ids) + room)
+        assert (got, got_finish) == (want, finish) == (truth[:room + 1], "context")
+        assert all(len(ids) + done_room[1] <= len(ids) + room for done_room in d.calls)
+
+
+def test_stop_strings_and_text_equal_plain():
+    model, tok, ids = fixture("llama_gqa3")
+    base = run(model, tok, ids, max_tokens=30, ignore_eos=True)
+    text = base.text()
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    want = run(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop)
+    want_text = want.text()
+    truth = base.tokens
+    got = run(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop, prompt_lookup=True)
+    got.drafter = Scripted(truth, len(ids), [(8, 8)], model.config.vocab_size)
+    assert got.text() == want_text and got.stats.finish == want.stats.finish == "stop"
+    assert got.stats.accepted > 0 and got.stats.forwards < want.stats.forwards
+
+
+def test_rollback_moves_an_offset_and_copies_nothing():
+    model, tok, ids = fixture("llama_gqa3")
+    truth, _ = plain(model, ids, max_tokens=12)
+    cache = model.make_cache(len(ids) + 64)
+    buffers = [(layer.keys_t, layer.values) for layer in cache]
+    steps = list(speculative_step(model, ids, cache=cache, max_tokens=12,
+                                  drafter=Scripted(truth, len(ids), [(8, 2)], model.config.vocab_size)))
+    assert [s.token for s in steps] == truth
+    assert sum(s.drafted - s.accepted for s in steps) > 0          # drafts were rejected, and cut back
+    assert all(layer.keys_t is k and layer.values is v for layer, (k, v) in zip(cache, buffers))
+    assert all(layer.offset == len(ids) + 11 for layer in cache)
+
+
+def test_a_caller_stopping_early_leaves_the_cache_as_plain_decoding_would():
+    model, tok, ids = fixture("llama_gqa3")
+    truth, _ = plain(model, ids, max_tokens=12)
+    cache = model.make_cache(8)
+    gen = speculative_step(model, ids, cache=cache, max_tokens=12,
+                           drafter=Scripted(truth, len(ids), [(8, 8)], model.config.vocab_size))
+    got = [next(gen).token for _ in range(4)]   # the second forward kept 8 drafts; stop after its third
+    gen.close()
+    assert got == truth[:4] and cache[0].offset == len(ids) + 3
+
+
+def test_lookup_finds_the_most_recent_longest_ngram():
+    t = np.array([5, 1, 2, 3, 9, 9, 1, 2, 3, 4, 7, 0, 2, 3])
+    assert S.lookup(t, 3) == ([4, 7, 0], 2)           # "2 3" most recently followed by 4
+    assert S.lookup(np.array([1, 2, 3, 1, 2]), 5) == ([3, 1, 2], 2)
+    assert S.lookup(np.array([7, 8, 9]), 4) == ([], 0)
+    assert S.lookup(np.array([4, 4, 4]), 4) == ([4], 2)   # the repeat in progress
+
+
+def test_policy_stops_drafting_when_guesses_fail_and_drafts_when_they_hold():
+    p = S.Policy(16)
+    for _ in range(30):
+        p.observe(1, 0, 1)
+    assert p.choose(1, 16) == 0
+    for _ in range(30):
+        p.observe(3, 6, 6)
+    p.seconds = {1: 1.0, 9: 1.6, 17: 2.0}
+    assert p.choose(3, 16) >= 8
+
+
+# --- sampling: the distribution of the first tokens, with and without drafts -------------------------
+
+def two_sample_chi2(a, b) -> float:
+    """The z-score (Wilson-Hilferty) of the chi-squared two-sample statistic of equal-size samples,
+    cells with fewer than 10 draws pooled: about N(0, 1) when both come from one distribution."""
+    counts = {}
+    for x in a:
+        counts.setdefault(x, [0, 0])[0] += 1
+    for x in b:
+        counts.setdefault(x, [0, 0])[1] += 1
+    cells, pool = [], [0, 0]
+    for ca, cb in counts.values():
+        if ca + cb < 10:
+            pool[0], pool[1] = pool[0] + ca, pool[1] + cb
+        else:
+            cells.append((ca, cb))
+    if sum(pool):
+        cells.append(tuple(pool))
+    stat, df = sum((x - y) ** 2 / (x + y) for x, y in cells), len(cells) - 1
+    return ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+
+
+class Greedy:
+    """A deterministic drafter (q puts all mass on its token, as prompt lookup's does): a draft model's
+    greedy guesses without the repetition penalty, whatever the run samples. On a prompt where greedy
+    repeats one token, it drafts that token again and again: the penalty, computed with the drafted
+    prefix, must then reject it as often as plain sampling avoids it."""
+
+    def __init__(self, model, k=4):
+        self.d, self.greedy = FixedK(S.DraftModel(model, k)), make_sampler(0.0)
+
+    def draft(self, tokens, room, sampler, processors, rng):
+        return self.d.draft(tokens, room, self.greedy, [], rng)[0], None
+
+    def feedback(self, *args):
+        self.d.feedback(*args)
+
+
+def peaked(name="llama_gqa3", scale=5.0):
+    """A fixture's model with its logits scaled: random weights give near-flat distributions, where a
+    draft is hardly ever kept; real models are peaked."""
+    model = minigen.load(FIXTURES / name)[0]
+    model.params = {**model.params, "lm_head": model.params["lm_head"] * np.float32(scale)}
+    return model
+
+
+# (fixture, prompt length, settings): after gemma's first 5 ids its greedy output repeats a new token
+SETTINGS = [("llama_gqa3", 6, dict(temp=1.0)),
+            ("gemma", 5, dict(temp=0.9, top_k=12, top_p=0.9, min_p=0.02, penalty=1.5))]
+N_DRAWS = 600
+
+
+def draws(model, ids, sampler, procs, drafter_for):
+    """N_DRAWS samples of 3 tokens, without and with speculation: (plain, speculative, drafts kept)."""
+    plain_draws, spec_draws, accepted = [], [], 0
+    for seed in range(N_DRAWS):
+        a = [s.token for s in generate_step(model, ids, sampler, procs, np.random.default_rng(seed), max_tokens=3)]
+        steps = list(speculative_step(model, ids, sampler, procs, np.random.default_rng(10 ** 6 + seed),
+                                      max_tokens=3, drafter=drafter_for()))
+        accepted += sum(s.accepted for s in steps)
+        plain_draws.append(tuple(a))
+        spec_draws.append(tuple(s.token for s in steps))
+    return plain_draws, spec_draws, accepted
+
+
+def assert_same_distribution(plain_draws, spec_draws):
+    for position in (1, 2):   # the first token comes from the prompt's forward, never drafted
+        z = two_sample_chi2([d[position] for d in plain_draws], [d[position] for d in spec_draws])
+        assert z < 4.0, (position, z)
+    z = two_sample_chi2([d[1:] for d in plain_draws], [d[1:] for d in spec_draws])
+    assert z < 4.0, ("pairs", z)
+
+
+@pytest.mark.parametrize("name, n, settings", SETTINGS, ids=["plain", "all-filters-and-penalty"])
+def test_sampling_distribution_is_unchanged(name, n, settings):
+    model, ids = peaked(name), fixture(name)[2][:n]
+    s = dict(settings)
+    penalty = make_repetition_penalty(s.pop("penalty", 1.0), 0)
+    sampler = make_sampler(s["temp"], s.get("top_k", 0), s.get("top_p", 1.0), s.get("min_p", 0.0))
+    plain_draws, spec_draws, accepted = draws(model, ids, sampler, [penalty] if penalty else [],
+                                              lambda: Greedy(model, 2))
+    assert accepted > N_DRAWS // 10                  # the drafts were often kept...
+    assert_same_distribution(plain_draws, spec_draws)  # ...and each token is distributed as plain's
+
+
+def test_sampling_with_a_draft_model_is_unchanged():
+    """q is a real distribution here (another model's): the rule's p/q and max(0, p - q) both used."""
+    model, ids = peaked(), fixture("llama_gqa3")[2][:6]
+    other = peaked(scale=3.0)    # a flatter q than p
+    sampler = make_sampler(0.8, 0, 0.95, 0.0)
+    plain_draws, spec_draws, accepted = draws(model, ids, sampler, [], lambda: FixedK(S.DraftModel(other, 2)))
+    assert accepted > N_DRAWS // 3
+    assert_same_distribution(plain_draws, spec_draws)
+
+
+class FixedK:
+    """A drafter's guesses at its maximum length, whatever its policy would choose."""
+
+    def __init__(self, drafter):
+        self.d = drafter
+        self.d.policy.choose = lambda kind, available: min(available, self.d.policy.max_draft)
+
+    def draft(self, *args):
+        return self.d.draft(*args)
+
+    def feedback(self, *args):
+        self.d.feedback(*args)
+
+
+def test_draft_model_greedy_identity_and_vocabulary_check():
+    model, tok, ids = fixture("llama_gqa3")
+    truth, _ = plain(model, ids, max_tokens=20)
+    other = minigen.load(FIXTURES / "llama_gqa3")[0]
+    other.params = {**other.params, "lm_head": other.params["lm_head"][::-1].copy()}   # drafts mostly wrong
+    for drafter in (S.DraftModel(model, 5), S.DraftModel(other, 5)):
+        tokens, finish, _, steps = spec(model, ids, FixedK(drafter), max_tokens=20)
+        assert tokens == truth
+    r = run(model, tok, ids, max_tokens=20, draft_model=(model, tok))
+    r.text()
+    assert r.tokens == truth and r.stats.acceptance == 1.0
+    g_model, g_tok, _ = fixture("gpt2")
+    with pytest.raises(MinigenError, match="another vocabulary") as e:
+        run(model, tok, ids, draft_model=(g_model, g_tok))
+    assert "\n" not in str(e.value)
+
+
+def test_options_are_checked():
+    model, tok, ids = fixture("llama_gqa3")
+    with pytest.raises(minigen.errors.OptionError, match="draft_tokens"):
+        run(model, tok, ids, prompt_lookup=True, draft_tokens=-1)
+    with pytest.raises(minigen.errors.OptionError, match="prompt_lookup"):
+        run(model, tok, ids, prompt_lookup="yes")
+    with pytest.raises(minigen.errors.OptionError, match="recording attention"):
+        run(model, tok, ids, prompt_lookup=True, record_attention=True)
+    with pytest.raises(minigen.errors.OptionError, match="draft_model"):
+        run(model, tok, ids, draft_model="weights/x")
