@@ -4,16 +4,28 @@
     logits = model.logits(tokenizer.encode("Hello"))                # (T, vocab) float32
     text = minigen.generate(model, tokenizer, "Hello", max_tokens=20)  # or minigen.stream(...) for pieces
     texts = minigen.generate_batch(model, tokenizer, ["Hello", "Bonjour"], max_tokens=20)  # one batch
+
+The public names load on first use (PEP 562), so `import minigen.cli` imports nothing heavy before the
+CLI can catch a Ctrl-C (cli/__init__.py).
 """
 import os
 
 # Before NumPy loads OpenBLAS: its idle threads then spin ~1.5 ms after a call, not ~0.1 s (parallel.py).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
-from .checkpoint.resolve import load  # noqa: E402
-from .errors import MinigenError  # noqa: E402
-from .generation.steps import generate, stream  # noqa: E402
-from .generation.batch import generate_batch  # noqa: E402
-from .engine.model import Model  # noqa: E402
-
 __all__ = ["load", "Model", "MinigenError", "generate", "stream", "generate_batch"]
+_WHERE = {"load": "checkpoint.resolve", "Model": "engine.model", "MinigenError": "errors",
+          "generate": "generation.steps", "stream": "generation.steps", "generate_batch": "generation.batch"}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'minigen' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value  # found once: the next use is an ordinary attribute
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

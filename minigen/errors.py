@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -133,7 +134,7 @@ def parse_json(text: str | bytes, where: str, *, constants: bool = True, unique_
     except RecursionError:
         raise MinigenError(f"{where}: not valid JSON (nested too deeply)")
     except ValueError as e:  # over-long integers, refused constants, duplicate keys
-        raise MinigenError(f"{where}: not valid JSON ({_first_line(e)})")
+        raise MinigenError(f"{where}: not valid JSON ({first_line(e)})")
     finally:
         if collecting:
             gc.enable()
@@ -163,6 +164,17 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines() or [type(e).__name__])[0][:200]
+def is_real(v) -> bool:
+    """A finite number (NaN, infinity and ints past float's range are refused: 10**400 overflows float())."""
+    if not is_number(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (a library's multi-line message in a one-line error)."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -63,6 +63,7 @@ def peak_rss_mb() -> float:
 
 def worker_minigen(args) -> dict:
     import minigen  # first, as a user's program would: it sets OpenBLAS up before NumPy loads it
+    from minigen.generation.options import Options
     from minigen.generation.steps import generate_step
 
     import numpy as np
@@ -74,7 +75,7 @@ def worker_minigen(args) -> dict:
 
     def run(ids: list[int]) -> tuple[float, float, list[int]]:
         seconds, tokens = [], []  # keep no Step: each holds its (V,) logits
-        for step in generate_step(model, ids, max_tokens=args.gen_tokens + 1):   # greedy, EOS ignored
+        for step in generate_step(model, ids, Options(max_tokens=args.gen_tokens + 1, temp=0, ignore_eos=True)):
             seconds.append(step.seconds)
             tokens.append(step.token)
         return len(ids) / seconds[0], args.gen_tokens / sum(seconds[1:]), tokens
@@ -91,11 +92,12 @@ def worker_minigen(args) -> dict:
 def worker_minigen_rss(args) -> dict:
     """Peak RSS of one generation as a user runs it: load, then the prompt and its decode, nothing else."""
     import minigen
+    from minigen.generation.options import Options
     from minigen.generation.steps import generate_step
 
     model, _ = minigen.load(args.model)
     for _ in generate_step(model, json.loads(Path(args.prompts).read_text())[str(args.lengths[0])],
-                           max_tokens=args.gen_tokens + 1):
+                           Options(max_tokens=args.gen_tokens + 1, temp=0, ignore_eos=True)):
         pass
     return dict(rss_mb=peak_rss_mb())
 

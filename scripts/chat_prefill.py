@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minigen  # noqa: E402
 from minigen.generation.chat import ChatSession  # noqa: E402
-from minigen.generation.steps import chat_ids, run  # noqa: E402
+from minigen.generation.steps import Run, chat_ids  # noqa: E402
 
 SYSTEM = "You are a helpful assistant. Answer clearly and in some detail."
 TURNS = ["Explain how a refrigerator keeps food cold.", "Why does it need electricity for that?"]
@@ -43,7 +43,7 @@ def main():
         second = session.reply(TURNS[1], max_tokens=1)
         token = second.text()
         kept.append((second.stats.prompt_tokens, second.stats.prefill_seconds))
-        fresh = run(model, tok, chat_ids(tok, second.messages), max_tokens=1, temp=0)
+        fresh = Run.from_prompt(model, tok, chat_ids(tok, second.messages), max_tokens=1, temp=0)
         assert fresh.text() == token, "the kept cache and the recomputation disagree"
         whole.append((fresh.stats.prompt_tokens, fresh.stats.prefill_seconds))
     print(f"{args.model}: turn 1 reply {len(tok.encode(first, add_special_tokens=False))} tokens, "

@@ -850,10 +850,13 @@ def api_cases(rng: random.Random, full: bool) -> list[Case]:
 
     def big_context(d):
         def call():
+            import dataclasses
             import minigen
+            from minigen.generation.options import Options
             from minigen.generation.steps import generate_step
             model, tok = minigen.load(fx)
-            steps = generate_step(model, [1, 2, 3], max_tokens=10**12, max_context=10**12)
+            model.config = dataclasses.replace(model.config, max_position_embeddings=10**12)  # a config's huge context
+            steps = generate_step(model, [1, 2, 3], Options(max_tokens=10**12, max_context=10**12))
             for _ in range(3):
                 next(steps)
             return "ok"
@@ -885,7 +888,7 @@ if where == "load":
         open(marker, "w").close(); time.sleep(30); return real(*a, **k)
     C.load_params = slow
 elif where == "generate":
-    G = sys.modules["minigen.generation.steps"]
+    import minigen.generation.steps as G
     real = G.generate_step
     def slow(*a, **k):
         for i, s in enumerate(real(*a, **k)):
@@ -1354,6 +1357,8 @@ def _vm_size() -> int:
 def run_cases(cases: list[Case], workers: int = 2, timeout: float = 15.0, verbose: bool = False,
               mem_extra: int = 2 << 30) -> list[Result]:
     import minigen.cli  # noqa: F401  (imported once here, inherited by every forked child)
+    import minigen.checkpoint.resolve  # noqa: F401  (minigen's names load on first use: load them here)
+    import minigen.generation.chat  # noqa: F401
     import minigen.inspect.dump  # noqa: F401
     import jinja2.sandbox  # noqa: F401
     import tokenizers  # noqa: F401

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import minigen
+from minigen.generation.options import Options
 from minigen.generation.steps import generate_step
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -19,7 +20,8 @@ def main():
         record = []
         logits = model.forward(ref["input_ids"], model.make_cache(), record=record)
         # greedy through the generation loop (EOS ignored), as `minigen generate --temp 0` runs it
-        ids = [step.token for step in generate_step(model, ref["input_ids"], max_tokens=len(ref["greedy_ids"]))]
+        greedy = Options(max_tokens=len(ref["greedy_ids"]), temp=0, ignore_eos=True)
+        ids = [step.token for step in generate_step(model, ref["input_ids"], greedy)]
         same = "identical" if ids == ref["greedy_ids"].tolist() else "DIFFERENT"
         print(f"{ref_file.parent.name:18s} {model.config.model_type:8s} "
               f"{np.abs(logits - ref['logits']).max():12.2e} "

@@ -76,8 +76,7 @@ def greedy(model, prompt, n: int, eos: int | None = None) -> tuple[list[int], np
 
 def interrupt_generation(monkeypatch, after: int):
     """Make the generation loop raise KeyboardInterrupt (a Ctrl-C) once `after` tokens have been yielded."""
-    import sys
-    module = sys.modules["minigen.generation.steps"]  # `minigen.generation.steps` the attribute is the function
+    from minigen.generation import steps as module
     real = module.generate_step
 
     def interrupted(*args, **kwargs):

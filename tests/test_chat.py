@@ -21,11 +21,12 @@ from click.testing import CliRunner
 import minigen
 from minigen.checkpoint import default_model
 from minigen.generation.chat import ChatSession, drop_oldest_exchange
+from minigen.generation.options import Options
 from minigen.cli import main
 from minigen.engine.model import Model
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GENERATE = sys.modules["minigen.generation.steps"]  # the module; `minigen.generation.steps` is the function
+from minigen.generation import steps as GENERATE
 SYSTEM = "You are a tiny test model."
 LINES = ["Say hello in French, please.", "And in German?", "Thanks! Now count to three."]
 
@@ -238,9 +239,9 @@ def test_a_huge_max_tokens_does_not_erase_the_conversation():
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": LINES[0]},
                 {"role": "assistant", "content": "Bonjour !"}, {"role": "user", "content": LINES[1]}]
     assert len(render(tok, messages)) + 100 <= 200
-    assert session.fit(messages, {"max_tokens": 1000, "max_context": 200}) == (messages, render(tok, messages), 0)
+    assert session.fit(messages, Options(max_tokens=1000, max_context=200)) == (messages, render(tok, messages), 0)
     # room 100, not 1000
-    assert session.fit(messages, {"max_tokens": 1000, "max_context": 150})[2] == 1  # room 75: one exchange goes
+    assert session.fit(messages, Options(max_tokens=1000, max_context=150))[2] == 1  # room 75: one exchange goes
 
 
 def test_a_message_too_long_for_the_context_is_refused(tmp_path):
@@ -326,14 +327,14 @@ def test_no_chat_template_is_one_line():
 
 
 def test_terminal_prompt_and_ctrl_d(monkeypatch):
-    monkeypatch.setattr("minigen.cli.stdin_is_terminal", lambda: True)
+    monkeypatch.setattr("minigen.cli.harness.stdin_is_terminal", lambda: True)
     path, options = FIXTURES / "qwen2", dict(max_tokens=5, ignore_eos=True)
     replies = reference(path, LINES[:2], **options)[0]
     r = chat(path, *flags(options), "-q", input="\n".join(LINES[:2]) + "\n")  # then end of input: Ctrl-D
     assert r.exit_code == 0 and "/help for commands" in r.stderr
     assert r.stdout == f"{replies[0]}\n{replies[1]}\n"  # stdout is not a terminal: the prompts go to stderr
     assert r.stderr.endswith(">>> >>> >>> \n")
-    monkeypatch.setattr("minigen.cli.stdout_is_terminal", lambda: True)
+    monkeypatch.setattr("minigen.cli.harness.stdout_is_terminal", lambda: True)
     r = chat(path, *flags(options), "-q", input="\n".join(LINES[:2]) + "\n")
     assert r.exit_code == 0 and r.stdout == f">>> {replies[0]}\n>>> {replies[1]}\n>>> \n"
 

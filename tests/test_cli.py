@@ -16,8 +16,9 @@ from minigen.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py
-GENERATE = sys.modules["minigen.generation.steps"]  # the module; `minigen.generation.steps` is the function
-CLI = sys.modules["minigen.cli"]
+from minigen.cli import harness, run as cli_run
+from minigen.generation import steps as GENERATE
+from minigen.generation.options import Options
 
 
 @lru_cache(maxsize=None)
@@ -112,7 +113,7 @@ def test_eos_and_ignore_eos(eos_checkpoint):
 def test_chat_and_system():
     model, tok, ref = fixture("qwen2")
     ids = tok.encode(str(ref["chat_text"]), add_special_tokens=False)  # transformers' rendering
-    want = tok.decode([s.token for s in GENERATE.generate_step(model, ids, max_tokens=6)])
+    want = tok.decode([s.token for s in GENERATE.generate_step(model, ids, Options(max_tokens=6, temp=0, ignore_eos=True))])
     r = gen("qwen2", "Say hello in French, please.", "--system", "You are a tiny test model.", "-m", 6,
             "--ignore-eos", "-q")
     assert r.exit_code == 0 and r.stdout == want
@@ -182,11 +183,11 @@ def test_figures_start_on_a_new_line_on_a_terminal(monkeypatch, capsys):
     _, tok, ref = fixture("gpt2")
     prompt, text = str(ref["prompt"]), greedy_text("gpt2", 5)
     assert gen("gpt2", prompt, "-m", 5, "--ignore-eos").stdout == text  # not a terminal: the text only
-    monkeypatch.setattr(CLI, "stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(harness, "stdout_is_terminal", lambda: True)
     assert not text.endswith("\n") and gen("gpt2", prompt, "-m", 5, "--ignore-eos").stdout == text + "\n"
     for pieces, newline in [(["Paris", "."], "\n"), (["Paris.\n"], ""), ([], "")]:
-        run = types.SimpleNamespace(pieces=lambda p=pieces: iter(p), stats=GENERATE.Stats(finish="eos"))
-        assert CLI.print_run(run, 0.0, quiet=True, verbose=False) == 0
+        run = types.SimpleNamespace(pieces=lambda p=pieces: iter(p), stats=GENERATE.Stats(finish="eos"), options=Options())
+        assert cli_run.print_run(run, 0.0, quiet=True, verbose=False) == 0
         assert capsys.readouterr().out == "".join(pieces) + newline
 
 

@@ -10,7 +10,7 @@ import minigen
 from minigen.cli import main
 from minigen.inspect import ablated_logits, logit_lens
 from minigen.inspect.effects import Component, changes_for, patching
-from minigen.inspect.hooks import Intervention, layer_inputs, logits_of, patch, resume, run
+from minigen.inspect.hooks import Intervention, final_residual, layer_inputs, logits_of, patch, resume
 from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
 from minigen.inspect.stats import value_weighted
@@ -91,9 +91,9 @@ def test_mean_ablation_of_a_constant_head_changes_nothing(family_model):
     """A head whose output is already its mean at every position: replace z by a constant first (a change
     of our own), then mean-ablating it on top must give exactly that run."""
     const = {("z", 1): lambda z: np.concatenate([np.full_like(z[:, :1], 0.3), z[:, 1:]], axis=1)}
-    base = run(family_model, IDS, Intervention(const))
+    base = final_residual(family_model, IDS, Intervention(const))
     both = Intervention({("z", 1): lambda z: changes_for([Component("head", 1, 0)], "mean")[("z", 1)](const[("z", 1)](z))})
-    np.testing.assert_allclose(run(family_model, IDS, both), base, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(final_residual(family_model, IDS, both), base, atol=1e-4, rtol=1e-5)
 
 
 def test_dla_parts_add_up_to_the_logit(family_model):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import minigen
 from minigen.cli import main
 from minigen.errors import MinigenError
-from minigen.inspect import experts, hooks
+from minigen.inspect import commands, experts, hooks
 
 from conftest import FIXTURES_DIR
 
@@ -42,7 +42,7 @@ def test_expert_ablation_equals_transformers_with_the_expert_zeroed(name):
     clean = model.logits(ref["input_ids"])
     for experts_set, want in zip(json.loads(str(ref["ablations"])), ref["ablated"]):
         ablated = experts.without_experts(model, [tuple(p) for p in experts_set])
-        got = hooks.logits_of(ablated, hooks.run(ablated, ref["input_ids"]))
+        got = hooks.logits_of(ablated, hooks.final_residual(ablated, ref["input_ids"]))
         assert np.abs(got - want).max() <= 1e-4
         assert np.abs(got - clean).max() > 1e-3
     np.testing.assert_array_equal(model.logits(ref["input_ids"]), clean)  # the original is untouched
@@ -97,4 +97,4 @@ def test_a_dense_model_has_no_experts():
     r = cli("experts", "hello", "--model", FIXTURES_DIR / "granite")
     assert r.exit_code == 1 and "no routed experts" in r.output
     with pytest.raises(MinigenError, match="no routed experts"):
-        experts.parse_experts("0.1", minigen.load(FIXTURES_DIR / "granite")[0].config)
+        commands.components(minigen.load(FIXTURES_DIR / "granite")[0], None, None, None, "0.1")

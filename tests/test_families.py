@@ -133,10 +133,11 @@ def test_unsupported_settings_name_the_field_and_value(edit, words, tmp_path):
 def test_longrope_generation_across_the_switch_equals_transformers_generate():
     """Phi-3 longrope: a 20-token prompt generated past original_max_position_embeddings (32). At the
     step that crosses it transformers re-runs the whole sequence with the long factors; so must we."""
+    from minigen.generation.options import Options
     from minigen.generation.steps import generate_step
     ref = dict(np.load(FIXTURES_DIR / "phi3_longrope_v4" / "reference_generate.npz"))
     model = load_model(FIXTURES_DIR / "phi3_longrope_v4")
-    steps = list(generate_step(model, ref["input_ids"], max_tokens=len(ref["generate_ids"])))
+    steps = list(generate_step(model, ref["input_ids"], Options(max_tokens=len(ref["generate_ids"]), temp=0, ignore_eos=True)))
     assert [s.token for s in steps] == ref["generate_ids"].tolist()
     assert np.abs(np.stack([s.logits for s in steps]) - ref["generate_logits"]).max() <= 1e-4
     assert len(ref["input_ids"]) < model.config.rope[0].original_max < len(ref["input_ids"]) + len(steps)

@@ -106,12 +106,15 @@ def test_stop_processes_escapes():
 
 
 def test_cache_grows_instead_of_taking_the_whole_context():
+    import dataclasses
+    from minigen.generation.options import Options
     from minigen.generation.steps import FIRST_ROOM, generate_step
     model, _ = minigen.load(FIXTURES_DIR / "llama_gqa3")
+    model.config = dataclasses.replace(model.config, max_position_embeddings=10**12)  # a config's huge context
     asked = []
     make_cache = model.make_cache
     model.make_cache = lambda capacity=256: asked.append(capacity) or make_cache(capacity)
-    steps = generate_step(model, [1, 2, 3], max_tokens=10**12, max_context=10**12)
+    steps = generate_step(model, [1, 2, 3], Options(max_tokens=10**12, max_context=10**12, ignore_eos=True))
     for _ in range(FIRST_ROOM + 2):  # past the first room: the cache has grown by itself
         next(steps)
     assert asked == [3 + FIRST_ROOM]

@@ -11,7 +11,8 @@ import minigen
 from minigen.cli import main
 from minigen.errors import MinigenError
 from minigen.inspect import census, head_stats, induction_score, load_attention, render_html
-from minigen.inspect.dump import Recorder, check_budget, parse_selection
+from minigen.inspect.args import position, selection
+from minigen.inspect.dump import Recorder, check_budget
 from minigen.inspect.internals import induction_probe, prompt_attention
 
 from conftest import FIXTURES, FIXTURES_DIR, interrupt_generation, load_reference
@@ -61,11 +62,11 @@ def test_induction_score_on_hand_built_pattern():
 
 
 def test_selection_and_budget():
-    assert parse_selection("0,5-7", 30, "layer", "--attn-layers") == [0, 5, 6, 7]
-    assert parse_selection("-1", 30, "layer", "--attn-layers") == [29]
-    assert parse_selection(None, 3, "head", "--attn-heads") == [0, 1, 2]
+    assert selection("0,5-7", 30, "layer", "--attn-layers") == [0, 5, 6, 7]
+    assert selection("-1", 30, "layer", "--attn-layers") == [29]
+    assert selection(None, 3, "head", "--attn-heads") == [0, 1, 2]
     with pytest.raises(MinigenError, match="out of range"):
-        parse_selection("30", 30, "layer", "--attn-layers")
+        selection("30", 30, "layer", "--attn-layers")
     with pytest.raises(MinigenError, match="--attn-layers"):
         check_budget(30, 9, 5000, np.float32)
 
@@ -260,7 +261,6 @@ def test_ctrl_c_leaves_no_dump(tmp_path, monkeypatch):
 
 # --- issue 11: fixes, sink-aware views, detectors, JSON ---------------------------------------------------
 
-from minigen.inspect.internals import resolve_token
 from minigen.inspect.stats import (detect_head_score, duplicate_score, hide_first, induction_mask,
                                    probe_scores)
 
@@ -312,8 +312,8 @@ def test_duplicate_and_transformerlens_induction_scores_by_hand():
 
 def test_token_text_names_its_last_occurrence():
     tokens = ["Mr", " D", "urs", " said", " Mr", " Potter", ",", " and", " Mr"]
-    assert resolve_token(tokens, "Mr") == 8 and resolve_token(tokens, " Mr") == 8
-    assert resolve_token(tokens, "Potter") == 5 and resolve_token(tokens, -1) == 8
+    assert position(tokens, "Mr") == 8 and position(tokens, " Mr") == 8
+    assert position(tokens, "Potter") == 5 and position(tokens, -1) == 8
 
 
 def test_top_keys_says_all_keys_when_k_covers_them():

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from minigen.generation.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler, min_p,
-                              repetition_penalty, sampling_settings, top_k, top_p)
+from minigen.generation.sampling import (categorical, log_softmax, make_repetition_penalty, make_sampler,
+                                         min_p_filter, repetition_penalty, top_k_filter, top_p_filter)
 
 PROBS = np.array([0.05, 0.4, 0.1, 0.25, 0.2], dtype=np.float32)  # sorted: 1, 3, 4, 2, 0
 LP = np.log(PROBS)
@@ -21,28 +21,28 @@ def test_log_softmax_normalises():
 @pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 3, 4}), (0, {0, 1, 2, 3, 4}),
                                          (9, {0, 1, 2, 3, 4})])
 def test_top_k_keeps_k(k, expected):
-    assert kept(top_k(LP, k)) == expected
+    assert kept(top_k_filter(LP, k)) == expected
 
 
 def test_top_k_keeps_ties_like_hf():
-    assert kept(top_k(np.log(np.array([0.3, 0.3, 0.3, 0.1])), 2)) == {0, 1, 2}
+    assert kept(top_k_filter(np.log(np.array([0.3, 0.3, 0.3, 0.1])), 2)) == {0, 1, 2}
 
 
 @pytest.mark.parametrize("p, expected", [(0.3, {1}), (0.4, {1}), (0.41, {1, 3}), (0.64, {1, 3}),
                                          (0.66, {1, 3, 4}), (0.9, {1, 3, 4, 2}), (0.96, {0, 1, 2, 3, 4}),
                                          (1.0, {0, 1, 2, 3, 4})])
 def test_top_p_smallest_set_reaching_p(p, expected):
-    assert kept(top_p(LP, p)) == expected
+    assert kept(top_p_filter(LP, p)) == expected
 
 
 @pytest.mark.parametrize("p, expected", [(0.49, {1, 3, 4}), (0.6, {1, 3}), (0.2, {1, 2, 3, 4}), (1.0, {1}),
                                          (0.0, {0, 1, 2, 3, 4})])
 def test_min_p_relative_to_max(p, expected):
-    assert kept(min_p(LP, p)) == expected  # 0.4 * 0.49 < 0.2 keeps 0.2; 0.4 * 0.2 = 0.08 drops 0.05
+    assert kept(min_p_filter(LP, p)) == expected  # 0.4 * 0.49 < 0.2 keeps 0.2; 0.4 * 0.2 = 0.08 drops 0.05
 
 
 def test_filters_keep_values_of_kept_tokens():
-    out = top_p(top_k(LP, 3), 0.5)
+    out = top_p_filter(top_k_filter(LP, 3), 0.5)
     assert np.array_equal(out[[1, 3]], LP[[1, 3]])
 
 
@@ -97,12 +97,3 @@ def test_seed_reproducible():
     assert [sampler(LP, r1) for _ in range(50)] == [sampler(LP, r2) for _ in range(50)]
     assert a == [sampler(LP, np.random.default_rng(42))]
 
-
-def test_settings_from_generation_config():
-    assert sampling_settings({})["temp"] == 0.0  # no do_sample: greedy, as in HF
-    gc = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
-    s = sampling_settings(gc)
-    assert (s["temp"], s["top_p"], s["top_k"], s["min_p"], s["repeat_penalty"]) == (0.6, 0.9, 0, 0.0, 1.1)
-    s = sampling_settings(gc, temp=0.0, top_k=5, top_p=None)
-    assert (s["temp"], s["top_k"], s["top_p"]) == (0.0, 5, 0.9)
-    assert sampling_settings({"temperature": 0.6})["temp"] == 0.0

@@ -2,6 +2,7 @@
 
 The reference is always generate_step, plain one-token decoding, run beside it on the same model.
 """
+import copy
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -13,8 +14,9 @@ import minigen
 from conftest import FIXTURES as PARITY_FIXTURES
 from minigen.errors import MinigenError
 from minigen.generation import speculative as S
-from minigen.generation.sampling import make_repetition_penalty, make_sampler
-from minigen.generation.steps import generate_step, run, speculative_step
+from minigen.generation.options import Options
+from minigen.generation.sampling import make_sampler
+from minigen.generation.steps import Run, generate_step, speculative_step
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)
@@ -51,14 +53,28 @@ PLANS = [[(k, good)] for k in (1, 2, 3, 5, 8) for good in sorted({0, k // 2, k})
         [[(3, 3), (1, 0), (8, 2), (2, 2), (16, 16)]]
 
 
-def plain(model, ids, **kw):
-    steps = list(generate_step(model, ids, **kw))
+def greedy(eos=None, **kw):
+    """Greedy options; EOS ignored unless `eos` is given (it is then the model's: see with_eos)."""
+    return Options(temp=0, ignore_eos=eos is None, **kw)
+
+
+def with_eos(model, eos):
+    """The model with generation_config.json's eos_token_id set to `eos` (None: the model as it is)."""
+    if eos is None:
+        return model
+    m = copy.copy(model)
+    m.generation_config = {**model.generation_config, "eos_token_id": eos}
+    return m
+
+
+def plain(model, ids, eos=None, **kw):
+    steps = list(generate_step(with_eos(model, eos), ids, greedy(eos, **kw)))
     return [s.token for s in steps], steps[-1].finish
 
 
-def spec(model, ids, drafter, **kw):
+def spec(model, ids, drafter, eos=None, **kw):
     cache = model.make_cache(8)
-    steps = list(speculative_step(model, ids, drafter=drafter, cache=cache, **kw))
+    steps = list(speculative_step(with_eos(model, eos), ids, greedy(eos, **kw), cache, drafter=drafter))
     return [s.token for s in steps], steps[-1].finish, cache[0].offset, steps
 
 
@@ -87,9 +103,9 @@ def test_stop_conditions_inside_drafts(name):
     # EOS inside an accepted draft: generation ends at its first occurrence, the cache as plain leaves it
     for at in (1, 3, 6, 13):
         eos = [truth[at]]
-        want, finish = plain(model, ids, max_tokens=30, eos_ids=eos)
+        want, finish = plain(model, ids, max_tokens=30, eos=eos)
         got, got_finish, offset, _ = spec(model, ids, Scripted(truth, len(ids), all_right, model.config.vocab_size),
-                                          max_tokens=30, eos_ids=eos)
+                                          max_tokens=30, eos=eos)
         assert (got, got_finish) == (want, finish) == (want, "eos")
         assert offset == len(ids) + len(want) - 1
     # max_tokens at every count
@@ -108,13 +124,13 @@ def test_stop_conditions_inside_drafts(name):
 
 def test_stop_strings_and_text_equal_plain():
     model, tok, ids = fixture("llama_gqa3")
-    base = run(model, tok, ids, max_tokens=30, ignore_eos=True)
+    base = Run.from_prompt(model, tok, ids, max_tokens=30, ignore_eos=True)
     text = base.text()
     stop = text[len(text) // 2: len(text) // 2 + 3]
-    want = run(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop)
+    want = Run.from_prompt(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop)
     want_text = want.text()
     truth = base.tokens
-    got = run(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop, prompt_lookup=True)
+    got = Run.from_prompt(model, tok, ids, max_tokens=30, ignore_eos=True, stop=stop, prompt_lookup=True)
     got.drafter = Scripted(truth, len(ids), [(8, 8)], model.config.vocab_size)
     assert got.text() == want_text and got.stats.finish == want.stats.finish == "stop"
     assert got.stats.accepted > 0 and got.stats.forwards < want.stats.forwards
@@ -125,7 +141,7 @@ def test_rollback_moves_an_offset_and_copies_nothing():
     truth, _ = plain(model, ids, max_tokens=12)
     cache = model.make_cache(len(ids) + 64)
     buffers = [(layer.keys_t, layer.values) for layer in cache]
-    steps = list(speculative_step(model, ids, cache=cache, max_tokens=12,
+    steps = list(speculative_step(model, ids, greedy(max_tokens=12), cache,
                                   drafter=Scripted(truth, len(ids), [(8, 2)], model.config.vocab_size)))
     assert [s.token for s in steps] == truth
     assert sum(s.drafted - s.accepted for s in steps) > 0          # drafts were rejected, and cut back
@@ -137,7 +153,7 @@ def test_a_caller_stopping_early_leaves_the_cache_as_plain_decoding_would():
     model, tok, ids = fixture("llama_gqa3")
     truth, _ = plain(model, ids, max_tokens=12)
     cache = model.make_cache(8)
-    gen = speculative_step(model, ids, cache=cache, max_tokens=12,
+    gen = speculative_step(model, ids, greedy(max_tokens=12), cache,
                            drafter=Scripted(truth, len(ids), [(8, 8)], model.config.vocab_size))
     got = [next(gen).token for _ in range(4)]   # the second forward kept 8 drafts; stop after its third
     gen.close()
@@ -215,13 +231,13 @@ SETTINGS = [("llama_gqa3", 6, dict(temp=1.0)),
 N_DRAWS = 600
 
 
-def draws(model, ids, sampler, procs, drafter_for):
+def draws(model, ids, settings: dict, drafter_for):
     """N_DRAWS samples of 3 tokens, without and with speculation: (plain, speculative, drafts kept)."""
     plain_draws, spec_draws, accepted = [], [], 0
+    sampled = lambda seed: Options(max_tokens=3, ignore_eos=True, seed=seed, **settings)
     for seed in range(N_DRAWS):
-        a = [s.token for s in generate_step(model, ids, sampler, procs, np.random.default_rng(seed), max_tokens=3)]
-        steps = list(speculative_step(model, ids, sampler, procs, np.random.default_rng(10 ** 6 + seed),
-                                      max_tokens=3, drafter=drafter_for()))
+        a = [s.token for s in generate_step(model, ids, sampled(seed))]
+        steps = list(speculative_step(model, ids, sampled(10 ** 6 + seed), drafter=drafter_for()))
         accepted += sum(s.accepted for s in steps)
         plain_draws.append(tuple(a))
         spec_draws.append(tuple(s.token for s in steps))
@@ -239,11 +255,10 @@ def assert_same_distribution(plain_draws, spec_draws):
 @pytest.mark.parametrize("name, n, settings", SETTINGS, ids=["plain", "all-filters-and-penalty"])
 def test_sampling_distribution_is_unchanged(name, n, settings):
     model, ids = peaked(name), fixture(name)[2][:n]
-    s = dict(settings)
-    penalty = make_repetition_penalty(s.pop("penalty", 1.0), 0)
-    sampler = make_sampler(s["temp"], s.get("top_k", 0), s.get("top_p", 1.0), s.get("min_p", 0.0))
-    plain_draws, spec_draws, accepted = draws(model, ids, sampler, [penalty] if penalty else [],
-                                              lambda: Greedy(model, 2))
+    s = settings
+    options = dict(temp=s["temp"], top_k=s.get("top_k", 0), top_p=s.get("top_p", 1.0), min_p=s.get("min_p", 0.0),
+                   repeat_penalty=s.get("penalty", 1.0), repeat_last_n=0)
+    plain_draws, spec_draws, accepted = draws(model, ids, options, lambda: Greedy(model, 2))
     assert accepted > N_DRAWS // 10                  # the drafts were often kept...
     assert_same_distribution(plain_draws, spec_draws)  # ...and each token is distributed as plain's
 
@@ -252,8 +267,8 @@ def test_sampling_with_a_draft_model_is_unchanged():
     """q is a real distribution here (another model's): the rule's p/q and max(0, p - q) both used."""
     model, ids = peaked(), fixture("llama_gqa3")[2][:6]
     other = peaked(scale=3.0)    # a flatter q than p
-    sampler = make_sampler(0.8, 0, 0.95, 0.0)
-    plain_draws, spec_draws, accepted = draws(model, ids, sampler, [], lambda: FixedK(S.DraftModel(other, 2)))
+    options = dict(temp=0.8, top_k=0, top_p=0.95, min_p=0.0, repeat_penalty=1.0)
+    plain_draws, spec_draws, accepted = draws(model, ids, options, lambda: FixedK(S.DraftModel(other, 2)))
     assert accepted > N_DRAWS // 3
     assert_same_distribution(plain_draws, spec_draws)
 
@@ -280,22 +295,22 @@ def test_draft_model_greedy_identity_and_vocabulary_check():
     for drafter in (S.DraftModel(model, 5), S.DraftModel(other, 5)):
         tokens, finish, _, steps = spec(model, ids, FixedK(drafter), max_tokens=20)
         assert tokens == truth
-    r = run(model, tok, ids, max_tokens=20, draft_model=(model, tok))
+    r = Run.from_prompt(model, tok, ids, max_tokens=20, draft_model=(model, tok))
     r.text()
     assert r.tokens == truth and r.stats.acceptance == 1.0
     g_model, g_tok, _ = fixture("gpt2")
     with pytest.raises(MinigenError, match="another vocabulary") as e:
-        run(model, tok, ids, draft_model=(g_model, g_tok))
+        Run.from_prompt(model, tok, ids, draft_model=(g_model, g_tok))
     assert "\n" not in str(e.value)
 
 
 def test_options_are_checked():
     model, tok, ids = fixture("llama_gqa3")
     with pytest.raises(minigen.errors.OptionError, match="draft_tokens"):
-        run(model, tok, ids, prompt_lookup=True, draft_tokens=-1)
+        Run.from_prompt(model, tok, ids, prompt_lookup=True, draft_tokens=-1)
     with pytest.raises(minigen.errors.OptionError, match="prompt_lookup"):
-        run(model, tok, ids, prompt_lookup="yes")
+        Run.from_prompt(model, tok, ids, prompt_lookup="yes")
     with pytest.raises(minigen.errors.OptionError, match="recording attention"):
-        run(model, tok, ids, prompt_lookup=True, record_attention=True)
+        Run.from_prompt(model, tok, ids, prompt_lookup=True, record_attention=True)
     with pytest.raises(minigen.errors.OptionError, match="draft_model"):
-        run(model, tok, ids, draft_model="weights/x")
+        Run.from_prompt(model, tok, ids, draft_model="weights/x")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..engine.config import MAX_LAYERS, Config, Rope
 from ..engine.layers import ACTIVATIONS
-from ..errors import MinigenError, is_int, is_number, read_json_object, short
+from ..errors import MinigenError, is_int, is_number, is_real, read_json_object, short
 
 
 def load_config(path: str | Path) -> Config:
@@ -100,7 +100,7 @@ def parse_wrapped(raw: dict, where: str) -> Config:
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
-    "temperature": (lambda v: _finite(v) and v >= 0, "a number >= 0"),
+    "temperature": (lambda v: is_real(v) and v >= 0, "a number >= 0"),
     "top_k": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     "top_p": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
@@ -163,7 +163,7 @@ class Fields:
 
     def number(self, *names, default=...) -> float:
         """A finite number of any sign."""
-        v = self._first(names, default, _finite, "a number")
+        v = self._first(names, default, is_real, "a number")
         return v if v is None else float(v)
 
     def nullable(self, read, name: str, default):
@@ -272,7 +272,7 @@ def _yarn(rope: Rope, p: dict, f: dict, where: str) -> Rope:
     if not _positive(factor):
         raise MinigenError(f"{where}: rope scaling 'yarn' needs a positive number 'factor', got {short(factor)}")
     for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "llama_4_scaling_beta"):
-        if p.get(name) is not None and not _finite(p[name]):
+        if p.get(name) is not None and not is_real(p[name]):
             raise MinigenError(f"{where}: rope scaling 'yarn': {name!r} should be a number, got {short(p[name])}")
     attention = p.get("attention_factor")
     if attention is None:
@@ -330,14 +330,4 @@ def _number(p: dict, name: str, kind: str, where: str) -> float:
 
 
 def _positive(v) -> bool:
-    return _finite(v) and v > 0
-
-
-def _finite(v) -> bool:
-    """A number that is a finite float, or an int that fits one (10**400 does not: float() overflows)."""
-    if not is_number(v):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
+    return is_real(v) and v > 0

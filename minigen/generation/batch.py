@@ -1,6 +1,6 @@
 """Batched generation: several sequences decoded together, each forward over all of their new rows.
 
-`Batch` is the step a server runs: `add` a sequence (its prompt and generate_step's options) between
+`Batch` is the step a server runs: `add` a sequence (its prompt and its options.Options) between
 steps, `step()` feeds every sequence's pending ids (a new one's prompt, the others' last token) through
 one batched forward and samples each sequence's next token with its own sampler, processors and rng;
 a sequence leaves when it finishes (EOS, max_tokens, a full context) or is cancelled. Each sequence
@@ -20,8 +20,9 @@ import numpy as np
 
 from ..engine.cache import must_recompute, truncate
 from ..errors import MinigenError, OptionError, short
-from .sampling import Processor, Sampler, make_sampler
-from .steps import FIRST_ROOM, Run, Step, check_prompt, run
+from .options import Options, check_prompt
+from .sampling import Processor, Sampler
+from .steps import FIRST_ROOM, Run, Step, eos_token_ids, sampling_pipeline
 
 
 @dataclass
@@ -50,25 +51,23 @@ class Batch:
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def add(self, prompt_ids: Sequence[int], sampler: Sampler | None = None, processors: Sequence[Processor] = (),
-            rng: np.random.Generator | None = None, max_tokens: int = 256, eos_ids: Sequence[int] = (),
-            max_context: int | None = None, record_attention: bool = False, cache: list | None = None) -> int:
-        """A new sequence, with generate_step's arguments; it joins at the next step. Returns its handle."""
-        if record_attention:
+    def add(self, prompt_ids: Sequence[int], options: Options = Options(), cache: list | None = None) -> int:
+        """A new sequence, with generate_step's arguments; it joins at the next step. Returns its handle.
+        The prompt is checked here (options.check_prompt): a server hands its ids to `add` directly."""
+        o = options.for_model(self.model)
+        if o.record_attention:
             raise ValueError("a batch records no attention weights")
         tokens = [int(t) for t in prompt_ids]
-        max_context = max_context or self.model.config.max_position_embeddings
-        check_prompt(len(tokens), max_context)
+        check_prompt(tokens, self.model, o.max_context)
         if cache is None:
-            cache = self.model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
+            cache = self.model.make_cache(min(o.max_context, len(tokens) + min(o.max_tokens, FIRST_ROOM)))
         if not tokens[cache[0].offset:]:
             raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
-        if rng is None and sampler is not None:
-            rng = np.random.default_rng()
+        sampler, processors, rng = sampling_pipeline(o)
+        eos = frozenset(() if o.ignore_eos else eos_token_ids(self.model))
         handle, self._next = self._next, self._next + 1
-        self.sequences[handle] = Member(tokens, tokens[cache[0].offset:], cache, sampler or make_sampler(0.0),
-                                           list(processors), rng, max_tokens, frozenset(int(e) for e in eos_ids),
-                                           max_context)
+        self.sequences[handle] = Member(tokens, tokens[cache[0].offset:], cache, sampler, processors, rng,
+                                        o.max_tokens, eos, o.max_context)
         return handle
 
     def cancel(self, handle: int) -> None:
@@ -144,7 +143,7 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
     while waiting or handles:
         while waiting and (max_batch is None or len(handles) < max_batch):
             i = waiting.pop(0)
-            handles[batch.add(runs[i].prompt, *runs[i].loop_args())] = i
+            handles[batch.add(runs[i].prompt, runs[i].options, runs[i].cache)] = i
         for h, step in batch.step().items():
             i = handles[h]
             r = runs[i]
@@ -161,7 +160,7 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
 def _run(model, tokenizer, prompt, options: dict, chat: bool) -> Run:
     if not isinstance(options, dict):
         raise OptionError("options", f"should be an object of options, got {short(options, 40)}")
-    r = run(model, tokenizer, prompt, chat=chat, **options)
+    r = Run.from_prompt(model, tokenizer, prompt, chat=chat, **options)
     if r.drafter is not None:
         raise OptionError("prompt_lookup" if r.options.prompt_lookup else "draft_model",
                           "speculative decoding is not available in a batch yet")

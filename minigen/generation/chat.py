@@ -20,26 +20,26 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..engine.cache import truncate
-from ..errors import MinigenError
+from ..engine.cache import reusable_prefix, truncate
+from ..errors import MinigenError, first_line
 from ..files import atomic_write
-from .steps import Options, Run, chat_ids, run
-from ..engine.cache import reusable_prefix
+from .options import Options
+from .steps import Run, chat_ids
 
 
 class ChatSession:
     """A conversation with one model. `reply(text)` adds a user message and returns the Reply, which
     streams like a Run; once it ends (or is interrupted, or another call comes first) the text it
-    produced is the assistant's message. Options are generate's (max_tokens, temp, ..., max_context)."""
+    produced is the assistant's message. Options are generate's (max_tokens, temp, ..., max_context:
+    options.Options), checked here; `reply`'s override them for one turn."""
 
     def __init__(self, model, tokenizer, messages: Sequence[dict] = (), system: str | None = None, **options):
         if not tokenizer.chat_template:
             raise MinigenError(f"{model.path}: no chat template (no chat_template.jinja, no chat_template in "
                                f"tokenizer_config.json); a chat needs one")
-        self.model, self.tokenizer, self.options = model, tokenizer, options
-        probe = run(model, tokenizer, [0], **options)  # checks the options as generate does; computes nothing
-        self.settings, self.max_context = probe.settings, probe.max_context
-        self.cache = model.make_cache(min(self.max_context, 256))
+        self.model, self.tokenizer = model, tokenizer
+        self.options = Options.of(**options).for_model(model)
+        self.cache = model.make_cache(min(self.options.max_context, 256))
         self.cached: list[int] = []     # the ids whose keys and values the cache holds, in order
         self._open: Reply | None = None
         self.messages = check_messages(list(messages), "messages")
@@ -49,20 +49,21 @@ class ChatSession:
     def reply(self, text: str, **options) -> "Reply":
         """Add a user message and start the reply; `options` override the session's for this turn."""
         self._settle()
-        options = {**self.options, **options}
+        options = self.options.update(**options).for_model(self.model)
         messages, ids, dropped = self.fit(self.messages + [{"role": "user", "content": text}], options)
         keep = reusable_prefix(self.model.config, len(self.cached), common_prefix(self.cached, ids[:-1]), len(ids))
         truncate(self.cache, keep)
         self.cached = self.cached[:keep]
-        self._open = Reply(self, run(self.model, self.tokenizer, ids, cache=self.cache, **options), messages, dropped)
+        self._open = Reply(self, Run(self.model, self.tokenizer, ids, options, cache=self.cache), messages, dropped)
         return self._open
 
-    def fit(self, messages: list[dict], options: dict) -> tuple[list[dict], list[int], int]:
+    def fit(self, messages: list[dict], options: Options) -> tuple[list[dict], list[int], int]:
         """(messages, their ids, exchanges dropped): the oldest exchanges dropped until the reply has
         room in the context (max_tokens, at most half the context: a huge max_tokens must not erase
-        the conversation), or only the newest message is left after the system's."""
-        context = options.get("max_context") or self.model.config.max_position_embeddings
-        room = min(options.get("max_tokens", Options.max_tokens), context // 2)
+        the conversation), or only the newest message is left after the system's. `options` are
+        filled in for the model (Options.for_model)."""
+        context = options.max_context
+        room = min(options.max_tokens, context // 2)
         ids, dropped = chat_ids(self.tokenizer, messages), 0
         while len(ids) + room > context and (shorter := drop_oldest_exchange(messages)) is not None:
             messages, ids, dropped = shorter, chat_ids(self.tokenizer, shorter), dropped + 1
@@ -172,7 +173,7 @@ def load_conversation(path: str | Path) -> list[dict]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinigenError(f"{path}: not a readable JSON file ({(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+        raise MinigenError(f"{path}: not a readable JSON file ({first_line(e)})")
     return check_messages(data, str(path))
 
 

@@ -18,13 +18,14 @@ Sampler = Callable[[np.ndarray, "np.random.Generator"], int]   # a string: impor
 Processor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float32, copy=False)
-    shifted = x - np.max(x)
-    return shifted - np.log(np.sum(np.exp(shifted)))
+def log_softmax(x: np.ndarray, axis: int = -1, dtype=np.float32) -> np.ndarray:
+    """log(softmax(x)) along `axis`, computed in `dtype` (inspect/ takes float64 for its figures)."""
+    x = np.asarray(x).astype(dtype, copy=False)
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
-def top_k(logprobs: np.ndarray, k: int) -> np.ndarray:
+def top_k_filter(logprobs: np.ndarray, k: int) -> np.ndarray:
     """Keep the k most likely tokens (ties at the k-th value are kept too, as HF does)."""
     if k <= 0 or k >= logprobs.shape[-1]:
         return logprobs
@@ -32,7 +33,7 @@ def top_k(logprobs: np.ndarray, k: int) -> np.ndarray:
     return np.where(logprobs >= kth, logprobs, -np.inf)
 
 
-def top_p(logprobs: np.ndarray, p: float) -> np.ndarray:
+def top_p_filter(logprobs: np.ndarray, p: float) -> np.ndarray:
     """Keep the smallest set of most likely tokens whose probabilities add up to at least p."""
     if p >= 1.0:
         return logprobs
@@ -46,7 +47,7 @@ def top_p(logprobs: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
-def min_p(logprobs: np.ndarray, p: float) -> np.ndarray:
+def min_p_filter(logprobs: np.ndarray, p: float) -> np.ndarray:
     """Keep tokens at least p times as likely as the most likely one."""
     if p <= 0.0:
         return logprobs
@@ -63,7 +64,7 @@ def categorical(logprobs: np.ndarray, rng: np.random.Generator) -> int:
 
 def make_sampler(temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Sampler:
     """A function (logprobs (V,), rng) -> token id. temp 0 is greedy; 0 / 1.0 / 0.0 disable the filters.
-    The values are trusted: generate.Options.check validates a run's options, once. Its `.logprobs(x)`
+    The values are trusted: options.Options validates a run's options, once. Its `.logprobs(x)`
     is the distribution it draws from (speculative sampling needs it, not only a draw)."""
     return Sampling(temp, top_k, top_p, min_p)
 
@@ -81,16 +82,12 @@ class Sampling:
         # Shift before dividing: the best token stays at exactly 0, so a temperature as small as 1e-40
         # sends the others to -inf (greedy) instead of overflowing to inf - inf = NaN.
         lp = log_softmax((logprobs - np.max(logprobs)) / np.float32(self.temp))
-        return _filters(lp, self.k, self.p, self.mp)
+        return min_p_filter(top_p_filter(top_k_filter(lp, self.k), self.p), self.mp)
 
     def __call__(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
         if self.greedy:
             return int(np.argmax(logprobs))
         return categorical(self.logprobs(logprobs), rng)
-
-
-def _filters(lp: np.ndarray, k: int, p: float, mp: float) -> np.ndarray:
-    return min_p(top_p(top_k(lp, k), p), mp)
 
 
 def repetition_penalty(logits: np.ndarray, tokens: Sequence[int], penalty: float) -> np.ndarray:
@@ -115,19 +112,3 @@ def make_repetition_penalty(penalty: float, last_n: int = 64) -> Processor | Non
 
     return process
 
-
-def sampling_settings(generation_config: dict, **flags) -> dict:
-    """Sampling options: the flags given (not None) override generation_config.json, which overrides off.
-
-    HF semantics: without do_sample the checkpoint's default is greedy, whatever temperature it lists.
-    """
-    gc = generation_config or {}
-    sampling = bool(gc.get("do_sample", False))
-    defaults = {
-        "temp": float(gc.get("temperature") or 1.0) if sampling else 0.0,
-        "top_k": int(gc.get("top_k") or 0) if sampling else 0,
-        "top_p": float(gc.get("top_p") or 1.0) if sampling else 1.0,
-        "min_p": float(gc.get("min_p") or 0.0) if sampling else 0.0,
-        "repeat_penalty": float(gc.get("repetition_penalty") or 1.0),
-    }
-    return {**defaults, **{k: v for k, v in flags.items() if v is not None and k in defaults}}

@@ -10,7 +10,6 @@ by the forward that fills the cache is still yielded, with finish "context".
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -18,9 +17,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..engine.cache import truncate
-from ..errors import MinigenError, OptionError, is_int, short
 from ..engine.cache import must_recompute
-from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler, sampling_settings
+from ..errors import MinigenError, OptionError, is_int, short
+from .options import Options, check_prompt
+from .sampling import Processor, Sampler, make_repetition_penalty, make_sampler
 from .speculative import forward_rows, make_drafter, verify
 
 
@@ -40,31 +40,29 @@ class Step:
     accepted: int = 0           # ... and how many of them it kept
 
 
-def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = None,
-                  processors: Sequence[Processor] = (), rng: np.random.Generator | None = None,
-                  max_tokens: int = 256, eos_ids: Sequence[int] = (), max_context: int | None = None,
-                  record_attention: bool = False, cache: list | None = None) -> Iterator[Step]:
-    """Yield one Step per generated token until EOS (yielded, finish "eos"), max_tokens or a full cache.
+def generate_step(model, prompt_ids: Sequence[int], options: Options = Options(),
+                  cache: list | None = None) -> Iterator[Step]:
+    """Yield one Step per generated token until EOS (yielded, finish "eos"; never with ignore_eos),
+    max_tokens or a full cache. The ids are trusted (`check_prompt`, which Run applies); the options'
+    Nones are the checkpoint's (Options.for_model).
 
     `cache`: a KV cache that already holds the first `cache[0].offset` (< len(prompt_ids)) of the
     prompt's ids, from an earlier turn of a conversation; only the rest is computed. It is updated in
     place: after each Step it holds the prompt and every generated token but the last.
     """
+    o = options.for_model(model)
     tokens = [int(t) for t in prompt_ids]
-    max_context = max_context or model.config.max_position_embeddings
-    check_prompt(len(tokens), max_context)
-    if rng is None and sampler is not None:  # greedy (no sampler) draws nothing: numpy.random stays unloaded (6 MB)
-        rng = np.random.default_rng()
-    sampler = sampler or make_sampler(0.0)
+    sampler, processors, rng = sampling_pipeline(o)
     # Room for the prompt and a first stretch of tokens; the cache doubles when full, so a huge
     # max_tokens or context (10**12 in a config) costs nothing until tokens are actually generated.
     if cache is None:
-        cache = model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
-    eos, ids = frozenset(int(e) for e in eos_ids), tokens[cache[0].offset:]
+        cache = model.make_cache(min(o.max_context, len(tokens) + min(o.max_tokens, FIRST_ROOM)))
+    eos = frozenset(() if o.ignore_eos else eos_token_ids(model))
+    ids = tokens[cache[0].offset:]
     if not ids:
         raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
-    for n in range(1, max_tokens + 1):
-        start, record = time.perf_counter(), [] if record_attention else None
+    for n in range(1, o.max_tokens + 1):
+        start, record = time.perf_counter(), [] if o.record_attention else None
         if must_recompute(model.config, cache[0].offset, len(ids)):  # longrope's switch, as transformers
             truncate(cache, 0)  # in place: a caller's cache stays the one in use
             ids = tokens
@@ -77,32 +75,36 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = No
             scores = process(scores, tokens)
         token = sampler(scores, rng)
         tokens.append(token)
-        finish = ("eos" if token in eos else "length" if n == max_tokens
-                  else "context" if cache[0].offset >= max_context else None)
+        finish = ("eos" if token in eos else "length" if n == o.max_tokens
+                  else "context" if cache[0].offset >= o.max_context else None)
         yield Step(token, finish, time.perf_counter() - start, n == 1, logits, record)
         if finish:
             return
         ids = [token]
 
 
-def speculative_step(model, prompt_ids: Sequence[int], sampler: Sampler | None = None,
-                     processors: Sequence[Processor] = (), rng: np.random.Generator | None = None,
-                     max_tokens: int = 256, eos_ids: Sequence[int] = (), max_context: int | None = None,
-                     record_attention: bool = False, cache: list | None = None, *, drafter) -> Iterator[Step]:
+def sampling_pipeline(o: Options) -> tuple[Sampler, list[Processor], "np.random.Generator | None"]:
+    """(sampler, logits processors, rng) for options the model has filled in. Greedy draws nothing, so
+    it needs no rng (and numpy.random, 6 MB, stays unloaded)."""
+    penalty = make_repetition_penalty(o.repeat_penalty, o.repeat_last_n)
+    rng = None if o.temp == 0 else np.random.default_rng(o.seed)
+    return make_sampler(o.temp, o.top_k, o.top_p, o.min_p), [penalty] if penalty else [], rng
+
+
+def speculative_step(model, prompt_ids: Sequence[int], options: Options = Options(), cache: list | None = None,
+                     *, drafter) -> Iterator[Step]:
     """generate_step's Steps, the same tokens (greedy) or the same distribution (sampling), with
     `drafter`'s guesses verified several per forward. The cache, as generate_step's, holds after each
     Step the prompt and every generated token but the last."""
-    if record_attention:
+    o = options.for_model(model)
+    if o.record_attention:
         raise ValueError("speculative decoding records no attention weights (its forwards hold drafts)")
     tokens = [int(t) for t in prompt_ids]
-    max_context = max_context or model.config.max_position_embeddings
-    check_prompt(len(tokens), max_context)
-    sampler = sampler or make_sampler(0.0)
-    if rng is None and not sampler.greedy:
-        rng = np.random.default_rng()
+    sampler, processors, rng = sampling_pipeline(o)
+    max_tokens, max_context = o.max_tokens, o.max_context
     if cache is None:
         cache = model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
-    eos, pending = frozenset(int(e) for e in eos_ids), tokens[cache[0].offset:]
+    eos, pending = frozenset(() if o.ignore_eos else eos_token_ids(model)), tokens[cache[0].offset:]
     if not pending:
         raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
     n = 0
@@ -144,15 +146,6 @@ def speculative_step(model, prompt_ids: Sequence[int], sampler: Sampler | None =
         pending = [out[-1]]
 
 
-
-def check_prompt(n_tokens: int, max_context: int):
-    if n_tokens == 0:
-        raise MinigenError("the prompt is empty (no tokens to start from)")
-    if n_tokens > max_context:
-        raise MinigenError(f"the prompt is {n_tokens} tokens, longer than the context of {max_context} "
-                           f"tokens (--max-context); shorten it")
-
-
 def eos_token_ids(model) -> list[int]:
     """EOS ids from generation_config.json (an int or a list) and config.json, in that order."""
     gc = model.generation_config.get("eos_token_id")
@@ -188,69 +181,6 @@ def token_ids(prompt) -> list[int]:
     if bad is not None:
         raise OptionError("prompt", f"token ids should be integers, got {short(bad, 40)}")
     return [int(i) for i in ids]
-
-
-@dataclass
-class Options:
-    """Everything a run can be asked for; None means the checkpoint's generation_config.json decides.
-    `check` is the one place these are validated (the CLI's flags included): inner code trusts them."""
-    max_tokens: int = 256
-    temp: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int = 64              # 0: the whole sequence, prompt included (HF's behaviour)
-    seed: int | None = None
-    stop: tuple = ()
-    ignore_eos: bool = False
-    max_context: int | None = None
-    record_attention: bool = False
-    prompt_lookup: bool = False          # draft from the context's own n-grams (speculative decoding)
-    draft_model: tuple | None = None     # (Model, Tokenizer) of a small model that drafts (same vocabulary)
-    draft_tokens: int | None = None      # at most this many drafts per forward (None: 16); 0 drafts none
-
-    def check(self):
-        """OptionError naming the first option of the wrong type or out of range."""
-        real, opt = _is_real, lambda ok: lambda v: v is None or ok(v)
-        rules = [
-            ("max_tokens", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
-            ("temp", opt(lambda v: real(v) and v >= 0), "a number >= 0"),
-            ("top_k", opt(lambda v: is_int(v) and v >= 0), "an integer >= 0"),
-            ("top_p", opt(lambda v: real(v) and 0 < v <= 1), "a number in (0, 1]"),
-            ("min_p", opt(lambda v: real(v) and 0 <= v <= 1), "a number in [0, 1]"),
-            ("repeat_penalty", opt(lambda v: real(v) and v > 0), "a number > 0"),
-            ("repeat_last_n", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
-            ("seed", opt(lambda v: is_int(v) and v >= 0), "an integer >= 0"),
-            ("stop", lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
-             "a non-empty string or a list of them"),
-            ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
-            ("max_context", opt(lambda v: is_int(v) and v >= 1), "an integer >= 1"),
-            ("record_attention", lambda v: isinstance(v, bool), "true or false"),
-            ("prompt_lookup", lambda v: isinstance(v, bool), "true or false"),
-            ("draft_model", opt(lambda v: isinstance(v, tuple) and len(v) == 2 and hasattr(v[0], "forward")),
-             "a (model, tokenizer) pair, as minigen.load returns"),
-            ("draft_tokens", opt(lambda v: is_int(v) and 0 <= v <= 64), "an integer in 0..64"),
-        ]
-        for name, ok, what in rules:
-            value = getattr(self, name)
-            if not ok(value):
-                raise OptionError(name, f"should be {what}, got {short(value, 40)}")
-        if self.record_attention and (self.prompt_lookup or self.draft_model):
-            raise OptionError("prompt_lookup" if self.prompt_lookup else "draft_model",
-                              "cannot be combined with recording attention (a verifying forward holds drafts)")
-        if self.prompt_lookup and self.draft_model:
-            raise OptionError("draft_model", "choose one drafter: prompt_lookup or draft_model, not both")
-
-
-def _is_real(v) -> bool:
-    """A finite number (NaN, infinity and ints past float's range are refused: no option's range has them)."""
-    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 @dataclass
@@ -298,40 +228,29 @@ class Run:
     cache: list | None = None
 
     def __post_init__(self):
-        self.options.check()
-        cfg_context = self.model.config.max_position_embeddings
-        if self.options.max_context is not None and self.options.max_context > cfg_context:
-            raise OptionError("max_context", f"{self.options.max_context} is larger than the model's context "
-                                             f"({cfg_context} tokens, max_position_embeddings)")
-        vocab = self.model.config.vocab_size
-        outside = next((i for i in self.prompt if not 0 <= i < vocab), None)
-        if outside is not None:  # ids given, or a tokenizer larger than the model's vocab_size
-            raise MinigenError(f"prompt: token id {outside} is outside the model's vocabulary (0..{vocab - 1})")
-        self.settings = sampling_settings(self.model.generation_config, temp=self.options.temp,
-                                          top_k=self.options.top_k, top_p=self.options.top_p,
-                                          min_p=self.options.min_p, repeat_penalty=self.options.repeat_penalty)
-        self.max_context = self.options.max_context or cfg_context
-        check_prompt(len(self.prompt), self.max_context)
+        self.options = self.options.for_model(self.model)
+        check_prompt(self.prompt, self.model, self.options.max_context)
         self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
         self.drafter = make_drafter(self.model, self.tokenizer, self.options)
         self._detok, self._pending, self.stopped = None, "", False
         self._stops = tuple(s for s in self.options.stop if s)
 
-    def steps(self) -> Iterator[Step]:
-        loop, drafter = (generate_step, {}) if self.drafter is None else (speculative_step, {"drafter": self.drafter})
-        return loop(self.model, self.prompt, *self.loop_args(), **drafter)
+    @classmethod
+    def from_prompt(cls, model, tokenizer, prompt: str | Sequence[int], chat: bool = False,
+                    system: str | None = None, cache: list | None = None, **options) -> "Run":
+        """A Run from a prompt (text, or ids) and keyword options named like Options' fields."""
+        if not isinstance(chat, bool):
+            raise OptionError("chat", f"should be true or false, got {short(chat, 40)}")
+        if not (system is None or isinstance(system, str)):
+            raise OptionError("system", f"should be a string, got {short(system, 40)}")
+        settings = Options.of(**options)
+        return cls(model, tokenizer, prompt_ids(tokenizer, prompt, chat, system), settings, cache=cache)
 
-    def loop_args(self) -> tuple:
-        """generate_step's arguments after the prompt, from the options: (sampler, processors, rng,
-        max_tokens, eos_ids, max_context, record_attention, cache). A Batch takes them too."""
-        o, s = self.options, self.settings
-        greedy = s["temp"] == 0
-        sampler = None if greedy else make_sampler(s["temp"], s["top_k"], s["top_p"], s["min_p"])
-        penalty = make_repetition_penalty(s["repeat_penalty"], o.repeat_last_n)
-        return (sampler, [penalty] if penalty else [], None if greedy else np.random.default_rng(o.seed),
-                o.max_tokens, () if o.ignore_eos else eos_token_ids(self.model), self.max_context,
-                o.record_attention, self.cache)
+    def steps(self) -> Iterator[Step]:
+        if self.drafter is None:
+            return generate_step(self.model, self.prompt, self.options, self.cache)
+        return speculative_step(self.model, self.prompt, self.options, self.cache, drafter=self.drafter)
 
     def pieces(self) -> Iterator[str]:
         for step in self.steps():
@@ -398,27 +317,11 @@ def split_at_stop(text: str, stops: Sequence[str], final: bool = False) -> tuple
     return text[:len(text) - hold], text[len(text) - hold:], False
 
 
-def run(model, tokenizer, prompt: str | Sequence[int], chat: bool = False, system: str | None = None,
-        cache: list | None = None, **options) -> Run:
-    """A Run from keyword options named like the CLI's flags (max_tokens, temp, top_k, ..., stop)."""
-    unknown = set(options) - set(Options.__dataclass_fields__)
-    if unknown:
-        raise OptionError(sorted(unknown)[0], f"no such option (options: {', '.join(Options.__dataclass_fields__)})")
-    stop = options.get("stop", ())
-    options["stop"] = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
-    if not isinstance(chat, bool):
-        raise OptionError("chat", f"should be true or false, got {short(chat, 40)}")
-    if not (system is None or isinstance(system, str)):
-        raise OptionError("system", f"should be a string, got {short(system, 40)}")
-    ids = prompt_ids(tokenizer, prompt, chat, system)
-    return Run(model, tokenizer, ids, Options(**options), cache=cache)
-
-
 def generate(model, tokenizer, prompt: str | Sequence[int], **options) -> str:
     """The generated text (the prompt not included)."""
-    return run(model, tokenizer, prompt, **options).text()
+    return Run.from_prompt(model, tokenizer, prompt, **options).text()
 
 
 def stream(model, tokenizer, prompt: str | Sequence[int], **options) -> Iterator[str]:
     """The generated text in pieces, as it is produced (bad options raise here, not at the first piece)."""
-    return run(model, tokenizer, prompt, **options).pieces()
+    return Run.from_prompt(model, tokenizer, prompt, **options).pieces()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from ..errors import MinigenError, is_int, short
+from ..errors import MinigenError, first_line, is_int, short
 from ..files import atomic_dir
 from .vocab import special_ids, tokenizer_files
 
@@ -536,7 +536,7 @@ def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype
         with np.errstate(all="ignore"):  # damaged scales give NaN or inf: refused by name after, not warned about
             w = quants.dequantize(raw, qtype)
     except Exception as e:
-        raise MinigenError(f"{source}: cannot dequantise tensor {name} ({_first_line(e)})")
+        raise MinigenError(f"{source}: cannot dequantise tensor {name} ({first_line(e)})")
     return w.astype(np.float32, copy=False).reshape(rows, -1)
 
 
@@ -582,7 +582,3 @@ class _Progress:
 
 def _write_json(file: Path, obj: dict) -> None:
     file.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -1,19 +1,23 @@
 """Looking inside a model: where attention looks (dumps, census, traces, the HTML page) and what it does
 (ablation, activation patching, the logit lens, direct logit attribution).
 
-    dump.py       the .npz format: selection, size budget, assembly from per-step records, load_attention
+    args.py       the commands' arguments: layers, heads, positions, tokens, each checked with its flag
+    dump.py       the .npz format: size budget, assembly from per-step records, load_attention
     stats.py      census statistics, detectors (induction, duplicate-token), sink-aware views, on plain arrays
     trace.py      one head's arithmetic step by step (the articles' walk-through), pure
     internals.py  running a loaded model part way with model.py's own functions; value norms; the probe
     hooks.py      model.Hooks that keep or change head and block outputs; resuming a forward at a layer
     effects.py    ablation and activation patching
     lens.py       the logit lens and direct logit attribution
-    commands.py   what each inspection command computes, as plain data (the CLI prints it or dumps JSON)
+    commands.py   what each inspection command computes, as plain data (the CLI prints it or dumps JSON);
+                  the attention command's flag rules and the choice of its source (AttentionAsk)
     report.py     terminal text for those results
     html.py       the self-contained page (page.html is its markup, style and script)
 
     logit_lens(model, ids)                          -> float32 (n_layers + 1, T, V)
     ablated_logits(model, ids, heads, mode="zero")  -> float32 (T, V); heads: [(layer, head), ...]
+
+May import: engine, text, errors, files, and generation.sampling's log_softmax (one for both).
 """
 from .dump import Recorder, load_attention
 from .effects import ablated_logits

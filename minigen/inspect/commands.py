@@ -20,8 +20,8 @@ from ..files import OutputFile
 from . import dump as D
 from . import effects, experts, lens, stats
 from .html import render_html
-from .internals import (check_layer_head, induction_probe, prompt_attention, resolve_token, trace_lines,
-                        value_norms, vocab_token)
+from .args import expert_items, head_items, layer_head, position, ranges, selection, vocab_token
+from .internals import induction_probe, prompt_attention, trace_lines, value_norms
 
 
 # --- JSON ------------------------------------------------------------------------------------------------
@@ -82,8 +82,8 @@ class Source:
 
 def from_prompt(model, tok, ids, attn_layers: str | None, attn_heads: str | None) -> Source:
     c = model.config
-    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
-    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
+    layers = selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    heads = selection(attn_heads, c.n_heads, "head", "--attn-heads")
     record = prompt_attention(model, ids)
     return Source({l: record[l][heads] for l in layers}, heads, tok.token_strings(ids), np.asarray(ids), None,
                   str(model.path), model, tok)
@@ -110,10 +110,10 @@ def dump_model_path(path) -> str | None:
 def _kept(text, n: int, present: list[int], what: str, flag: str, path) -> list[int]:
     if text is None:
         return present
-    keep = D.parse_selection(text, n, what, flag)
+    keep = selection(text, n, what, flag)
     missing = [i for i in keep if i not in present]
     if missing:
-        raise MinigenError(f"{flag}: {what} {missing[0]} is not in {path} (it has {D.ranges(present)})")
+        raise MinigenError(f"{flag}: {what} {missing[0]} is not in {path} (it has {ranges(present)})")
     return keep
 
 
@@ -188,7 +188,7 @@ def attention_view(src: Source, layer: int | None, head: int | None, token: str 
 
 def top_keys(src: Source, layer: int, head: int, token: str, k: int) -> dict:
     a = pattern(src, layer, head)
-    i = resolve_token(src.tokens, token)
+    i = position(src.tokens, token)
     row = np.asarray(a[i, :i + 1], dtype=np.float64)
     order = np.argsort(-row, kind="stable")[:k]
     return {"command": "attention", "view": "top_keys", "layer": layer, "head": head, "transforms": list(src.view),
@@ -199,8 +199,8 @@ def top_keys(src: Source, layer: int, head: int, token: str, k: int) -> dict:
 
 def query_grid(src: Source, token: str, key: str) -> dict:
     """One query's weight on one key in every kept layer and head."""
-    i = resolve_token(src.tokens, token)
-    j = resolve_token(src.tokens[:i + 1], key, "--key")
+    i = position(src.tokens, token)
+    j = position(src.tokens[:i + 1], key, "--key")
     layers = sorted(src.layers)
     return {"command": "attention", "view": "query_grid", "transforms": list(src.view),
             "query": position_json(src.tokens, i), "key": position_json(src.tokens, j),
@@ -210,11 +210,11 @@ def query_grid(src: Source, token: str, key: str) -> dict:
 def pattern(src: Source, layer: int, head: int) -> np.ndarray:
     """One head's (T, T) pattern by model numbering; an error naming what the source holds otherwise."""
     if src.model is not None:
-        check_layer_head(src.model.config, layer, head)
+        layer_head(src.model.config, layer, head)
     if layer not in src.layers:
-        raise MinigenError(f"--layer {layer} out of range (available: {D.ranges(sorted(src.layers))})")
+        raise MinigenError(f"--layer {layer} out of range (available: {ranges(sorted(src.layers))})")
     if head not in src.heads:
-        raise MinigenError(f"--head {head} out of range (available: {D.ranges(src.heads)})")
+        raise MinigenError(f"--head {head} out of range (available: {ranges(src.heads)})")
     return src.layers[layer][src.heads.index(head)]
 
 
@@ -222,8 +222,8 @@ def probe(model, tok, length: int | None, seed: int, first: str | None, attn_lay
           attn_heads: str | None = None) -> dict:
     """The induction probe: prefix + r + r, every score of stats.PROBE_SCORES, for the kept layers and heads."""
     c = model.config
-    layers = D.parse_selection(attn_layers, c.n_layers, "layer", "--attn-layers")
-    heads = D.parse_selection(attn_heads, c.n_heads, "head", "--attn-heads")
+    layers = selection(attn_layers, c.n_layers, "layer", "--attn-layers")
+    heads = selection(attn_heads, c.n_heads, "head", "--attn-heads")
     p = induction_probe(model, tok, length, seed, first)
     return {"command": "attention", "view": "probe", "length": p["n"], "seed": seed,
             "prefix": [token_json(tok, i) for i in p["prefix"]], "token_ids": p["ids"], "layers": layers,
@@ -249,10 +249,97 @@ def write_html(src: Source, out: OutputFile, layer: int | None, head: int | None
     return {"path": str(out.path), "bytes": len(page.encode("utf-8"))}
 
 
+# --- the attention command: which flags go together, where the patterns come from -----------------------
+
+@dataclass
+class AttentionAsk:
+    """What one `minigen attention` invocation asks for (its flags, by name)."""
+    prompt: str | None = None           # the prompt's text (None: --from or --probe alone)
+    from_path: str | None = None
+    model_path: str | None = None
+    chat: bool = False
+    layer: int | None = None
+    head: int | None = None
+    token: str | None = None
+    key: str | None = None
+    top_k: int = 10
+    value_weighted: bool = False
+    exclude_first: bool = False
+    probe: str | None = None
+    probe_length: int | None = None
+    probe_first: str | None = None
+    seed: int = 0
+    html_path: str | None = None
+    dump_path: str | None = None
+    attn_layers: str | None = None
+    attn_heads: str | None = None
+    attn_dtype: str | None = None
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether a dump needs its model too (the dump holds the weights, not the values)."""
+        return self.value_weighted or self.probe is not None
+
+    @property
+    def probe_alone(self) -> bool:
+        return self.prompt is None and self.from_path is None
+
+    def conflict(self) -> str | None:
+        """The first flags given together that do not go together, as a usage message; None if none."""
+        rules = [
+            (self.token is not None and self.key is None and (self.layer is None or self.head is None),
+             "--token needs --layer and --head (one head's top keys) or --key (every layer x head)"),
+            (self.key is not None and (self.token is None or self.layer is not None or self.head is not None),
+             "--key goes with --token, without --layer/--head"),
+            (self.prompt is not None and self.from_path is not None,
+             "give either a PROMPT or --from DUMP.npz, not both"),
+            (self.from_path is not None and self.chat, "--chat renders a PROMPT; a dump's tokens are already fixed"),
+            (self.from_path is not None and self.dump_path is not None,
+             "--dump-attention writes a new dump from a PROMPT; with --from the dump exists"),
+            (self.attn_dtype is not None and self.dump_path is None, "--attn-dtype goes with --dump-attention"),
+            (self.from_path is not None and self.model_path is not None and not self.uses_model,
+             "--model with --from is used only by --value-weighted and --probe (the dump holds the weights)"),
+            ((self.probe_length is not None or self.probe_first is not None) and self.probe is None,
+             "--probe-length and --probe-first go with --probe induction"),
+            (self.probe is not None and self.token is not None,
+             "--probe adds columns to the census, not to --token's views"),
+            (self.probe_alone and self.probe is None,
+             "give a PROMPT (or - to read stdin), or --from DUMP.npz, or --probe induction"),
+        ]
+        return next((message for given, message in rules if given), None)
+
+    def source(self, load, prompt_ids) -> Source:
+        """The patterns to look at: from the dump (joined with its model when a view needs it) or from the
+        prompt. `load(model_path) -> (model, tokenizer)`; `prompt_ids(model, tokenizer) -> ids`, checked.
+        A bad --layer/--head fails here, before any file is written."""
+        if self.from_path is not None:
+            src = from_dump(self.from_path, self.attn_layers, self.attn_heads)
+            if self.uses_model:
+                src = with_model(src, *load(self.model_path or dump_model_path(self.from_path)))
+        else:
+            model, tok = load(self.model_path)
+            src = from_prompt(model, tok, prompt_ids(model, tok), self.attn_layers, self.attn_heads)
+        if self.layer is not None or self.head is not None:
+            pattern(src, self.layer if self.layer is not None else min(src.layers),
+                    self.head if self.head is not None else src.heads[0])
+        return src
+
+    def files_only(self, written: dict) -> bool:
+        """Files were asked for and no view flag: the census is not printed (only, with --json, the files)."""
+        return bool(written) and self.token is None and self.probe is None and not (self.value_weighted or
+                                                                                     self.exclude_first)
+
+    def view(self, src: Source) -> dict:
+        probed = induction_probe(src.model, src.tokenizer, self.probe_length, self.seed, self.probe_first) \
+            if self.probe else None
+        return attention_view(src, self.layer, self.head, self.token, self.key, self.top_k, self.value_weighted,
+                              self.exclude_first, probed)
+
+
 # --- what heads do ----------------------------------------------------------------------------------------
 
 def _position(tok, ids, spec) -> int:
-    return resolve_token(tok.token_strings(ids), spec)
+    return position(tok.token_strings(ids), spec)
 
 
 def _target(tok, model, spec: str | None, flag: str) -> int | None:
@@ -262,12 +349,13 @@ def _target(tok, model, spec: str | None, flag: str) -> int | None:
 def components(model, heads: str | None, attn: str | None, mlp: str | None,
                expert: str | None = None) -> list[effects.Component]:
     c = model.config
-    out = effects.parse_heads(heads, c) if heads else []
+    out = [effects.Component("head", l, h) for l, h in head_items(heads, c)] if heads else []
     for kind, text, flag in (("attn", attn, "--attn"), ("mlp", mlp, "--mlp")):
         if text:
-            out += [effects.Component(kind, l) for l in D.parse_selection(text, c.n_layers, "layer", flag)]
+            out += [effects.Component(kind, l) for l in selection(text, c.n_layers, "layer", flag)]
     if expert:
-        out += [effects.Component("expert", l, e) for l, e in experts.parse_experts(expert, c)]
+        experts.check_moe(c, "--expert")
+        out += [effects.Component("expert", l, e) for l, e in expert_items(expert, c)]
     if not out:
         raise MinigenError("nothing to ablate: give --heads 18.6,17.4, --attn LAYERS, --mlp LAYERS or --expert L.E "
                            "(or --sweep)")
@@ -337,8 +425,8 @@ def dla(model, tok, ids, token: str | None, target: str | None, vs: str | None) 
 
 
 def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) -> dict:
-    check_layer_head(model.config, layer, head)
-    i = resolve_token(tok.token_strings(ids), token)
+    layer_head(model.config, layer, head)
+    i = position(tok.token_strings(ids), token)
     lines, ok, steps = trace_lines(model, tok, ids, layer, head, i, limit=keys)
     return {"command": "trace", "layer": layer, "head": head, "query": position_json(tok.token_strings(ids), i),
             "matches_model": ok, "lines": lines,
@@ -353,7 +441,7 @@ def routing(model, tok, ids, layers: str | None = None) -> dict:
     """Which experts each token went to in each (selected) layer, with weights, and each expert's load."""
     c = model.config
     experts.check_moe(c, "experts")
-    keep = D.parse_selection(layers, c.n_layers, "layer", "--layers")
+    keep = selection(layers, c.n_layers, "layer", "--layers")
     tokens = tok.token_strings(ids)
     rows = [r for r in experts.routing(model, ids) if r["layer"] in keep]
     return {"command": "experts", "n_experts": c.n_experts, "experts_per_token": c.experts_per_token,

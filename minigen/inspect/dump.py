@@ -26,45 +26,13 @@ import numpy as np
 
 from ..errors import MinigenError
 from ..files import OutputFile
+from .args import selection
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
 NOTE = ("rows are queries, columns keys; attention_tril_{l} holds each head's lower triangle in np.tril_indices(T) "
         "order (the rest is the causal mask's zeros); prompt rows from the prefill, each generated token's row from "
         "its cached decode step; the final generated token is never fed back, so it has no row")
 FORMAT = "minigen attention dump v2"
-
-
-def parse_selection(text: str | None, n: int, what: str, flag: str) -> list[int]:
-    """'0,5-7' -> [0, 5, 6, 7]; None or 'all' -> everything. Negative indices count from the end."""
-    if text is None or text.strip() in ("", "all"):
-        return list(range(n))
-    out = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?", part)
-        if not m:
-            raise MinigenError(f"{flag} {text!r}: expected numbers and ranges like 0,5-7")
-        lo = int(m[1])
-        if m[2] is not None and int(m[2]) < lo:
-            raise MinigenError(f"{flag} {text!r}: the range {part.strip()} is empty (write it low-high)")
-        items = [lo] if m[2] is None else range(lo, int(m[2]) + 1)
-        for i in items:
-            j = i + n if i < 0 else i
-            if not 0 <= j < n:
-                raise MinigenError(f"{flag}: {what} {i} out of range (the model has {n}: 0-{n - 1})")
-            if j not in out:
-                out.append(j)
-    return sorted(out)
-
-
-def ranges(xs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'-style text for messages."""
-    out, start = [], None
-    for a, b in zip(xs, xs[1:] + [None]):
-        start = a if start is None else start
-        if b != a + 1:
-            out.append(str(start) if start == a else f"{start}-{a}")
-            start = None
-    return ",".join(out)
 
 
 def parse_dtype(text: str | None) -> np.dtype:
@@ -208,7 +176,7 @@ def _square(a: np.ndarray, key: str, T: int) -> np.ndarray:
 
 class GenerationDump:
     """--dump-attention during generation: checks the path and the size before the run, collects each
-    Step's attention (`on_step`, a generate.Run callback), writes the file when `finish` is called.
+    Step's attention (`on_step`, a generation.steps.Run callback), writes the file when `finish` is called.
 
     with GenerationDump(model, tokenizer, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
         run.on_step.append(dump.on_step); ...; dump.finish()
@@ -222,14 +190,21 @@ class GenerationDump:
             raise MinigenError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
                                "for the prompt's attention alone use: minigen attention PROMPT --dump-attention OUT.npz")
         self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
-        self.layers = parse_selection(layers, c.n_layers, "layer", "--attn-layers")
-        self.heads = parse_selection(heads, c.n_heads, "head", "--attn-heads")
+        self.layers = selection(layers, c.n_layers, "layer", "--attn-layers")
+        self.heads = selection(heads, c.n_heads, "head", "--attn-heads")
         self.dtype = parse_dtype(dtype)
         rows = len(self.prompt) + max(max_tokens - 1, 0)    # the last token gets no row
         self.size = check_budget(len(self.layers), len(self.heads), rows, self.dtype, budget)
         self.file = DumpFile(path)
         self.recorder = Recorder(self.layers, self.heads, rows, self.dtype)
         self.generated: list[int] = []
+
+    @classmethod
+    def for_run(cls, run, path, layers: str | None = None, heads: str | None = None, dtype: str | None = None):
+        """For a generation.Run: room for the rows it can make (max_tokens, or what the context leaves)."""
+        o = run.options
+        return cls(run.model, run.tokenizer, path, run.prompt, min(o.max_tokens, o.max_context - len(run.prompt) + 1),
+                   layers, heads, dtype)
 
     def __enter__(self):
         return self

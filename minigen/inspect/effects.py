@@ -16,15 +16,16 @@ Shape letters as in model.py: T tokens, D hidden, H query heads, d head_dim, V v
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..engine import model as M
 from ..errors import MinigenError
+from ..generation.sampling import log_softmax
+from .args import index
 from .experts import without_experts
-from .hooks import Intervention, layer_inputs, log_softmax, logits_of, mean, patch, resume, run, zero
+from .hooks import Intervention, final_residual, layer_inputs, logits_of, mean, patch, resume, zero
 
 MODES = ("zero", "mean")
 
@@ -47,26 +48,6 @@ class Component:
         if self.kind == "expert":
             out.update(head=None, expert=self.head)
         return out
-
-
-def parse_heads(text: str, cfg, flag: str = "--heads") -> list[Component]:
-    """'18.6,17.4' -> heads; 'L.*' is every head of layer L; negative layers count from the end."""
-    out = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
-        if not m:
-            raise MinigenError(f"{flag} {text!r}: expected LAYER.HEAD items like 18.6,17.4 (or 18.* for a whole layer)")
-        layer = _index(int(m[1]), cfg.n_layers, "layer", flag)
-        heads = range(cfg.n_heads) if m[2] == "*" else [_index(int(m[2]), cfg.n_heads, "head", flag)]
-        out += [Component("head", layer, h) for h in heads if Component("head", layer, h) not in out]
-    return out
-
-
-def _index(i: int, n: int, what: str, flag: str) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise MinigenError(f"{flag}: {what} {i} out of range (the model has {n}: 0-{n - 1})")
-    return j
 
 
 def every(kind: str, cfg) -> list[Component]:
@@ -100,12 +81,12 @@ def ablated_logits(model, ids, heads, mode: str = "zero") -> np.ndarray:
     """float32 (T, V): the logits with each (layer, head) in `heads` zeroed, or (mode="mean") replaced by
     its mean over the T positions, before the output projection."""
     comps = [Component("head", *_index_pair(model.config, l, h)) for l, h in heads]
-    x = run(model, ids, Intervention(changes_for(comps, mode)))
+    x = final_residual(model, ids, Intervention(changes_for(comps, mode)))
     return logits_of(model, x).astype(np.float32)
 
 
 def _index_pair(cfg, layer: int, head: int) -> tuple[int, int]:
-    return _index(int(layer), cfg.n_layers, "layer", "heads"), _index(int(head), cfg.n_heads, "head", "heads")
+    return index(int(layer), cfg.n_layers, "layer", "heads"), index(int(head), cfg.n_heads, "head", "heads")
 
 
 def model_without(model, components: list[Component]):
@@ -117,7 +98,7 @@ def model_without(model, components: list[Component]):
 def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> dict:
     """How one position's next-token distribution changed: top-k before and after, log p(target) before,
     after and the change, and KL(before || after) in nats."""
-    lb, la = log_softmax(before), log_softmax(after)
+    lb, la = log_softmax(before, dtype=np.float64), log_softmax(after, dtype=np.float64)
     pb = np.exp(lb)
     return {"top_before": top_tokens(lb, k), "top_after": top_tokens(la, k),
             "logp_before": float(lb[target]), "logp_after": float(la[target]),
@@ -154,7 +135,8 @@ def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = 
         rows.append({**c.as_json(), "kl": effect["kl"], "delta_logp": effect["delta_logp"],
                      "top_after": effect["top_after"][0]})
     return {"kind": kind, "mode": mode, "position": position, "target": target,
-            "logp_before": float(log_softmax(before)[target]), "top_before": top_tokens(log_softmax(before), 5),
+            "logp_before": float(log_softmax(before, dtype=np.float64)[target]),
+            "top_before": top_tokens(log_softmax(before, dtype=np.float64), 5),
             "effects": rows}
 
 

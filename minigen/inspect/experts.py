@@ -11,8 +11,6 @@ Shape letters as in model.py: T tokens, D hidden, E experts, k experts per token
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..engine import model as M
@@ -48,27 +46,6 @@ def routing(model, ids) -> list[dict]:
         rows.append({"layer": l, "experts": idx, "weights": weights,
                      "load": np.bincount(idx.reshape(-1), minlength=cfg.n_experts)})
     return rows
-
-
-def parse_experts(text: str, cfg, flag: str = "--expert") -> list[tuple[int, int]]:
-    """'3.5,0.1' -> [(3, 5), (0, 1)]; 'L.*' is every expert of layer L; negative layers count from the end."""
-    check_moe(cfg, flag)
-    out = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
-        if not m:
-            raise MinigenError(f"{flag} {text!r}: expected LAYER.EXPERT items like 3.5,0.1 (or 3.* for a whole layer)")
-        layer = _index(int(m[1]), cfg.n_layers, "layer", flag)
-        experts = range(cfg.n_experts) if m[2] == "*" else [_index(int(m[2]), cfg.n_experts, "expert", flag)]
-        out += [(layer, e) for e in experts if (layer, e) not in out]
-    return out
-
-
-def _index(i: int, n: int, what: str, flag: str) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise MinigenError(f"{flag}: {what} {i} out of range (the model has {n}: 0-{n - 1})")
-    return j
 
 
 def without_experts(model, experts: list[tuple[int, int]]):

@@ -95,9 +95,12 @@ def patch(source: np.ndarray, heads: list[int] | None = None, positions: list[in
 
 # --- running ------------------------------------------------------------------------------------------
 
-def run(model, ids, hooks: M.Hooks | None = None) -> np.ndarray:
+def final_residual(model, ids, hooks: M.Hooks | None = None) -> np.ndarray:
     """The final residual stream (T, D) of an uncached forward over ids, with hooks; `logits_of` finishes it."""
-    ids = model.check_ids(ids)
+    return _final_residual(model, model.check_ids(ids), hooks)
+
+
+def _final_residual(model, ids: np.ndarray, hooks: M.Hooks | None) -> np.ndarray:
     return M.hidden(model.params, model.config, ids, model.make_cache(len(ids)), hooks=hooks)
 
 
@@ -107,7 +110,7 @@ def layer_inputs(model, ids) -> tuple[np.ndarray, Intervention]:
     ids = model.check_ids(ids)
     cfg = model.config
     keep = Intervention(keep=True)
-    x_last = run(model, ids, keep)
+    x_last = _final_residual(model, ids, keep)
     x0 = M.embed(model.params, cfg, ids, np.arange(len(ids)))
     rows = [x0] + [keep.kept["resid"][l] for l in range(cfg.n_layers - 1)] + [x_last]
     return np.stack(rows), keep
@@ -123,9 +126,3 @@ def resume(model, x: np.ndarray, start: int, hooks: M.Hooks | None = None) -> np
 def logits_of(model, x: np.ndarray) -> np.ndarray:
     """Final norm, lm_head and the family's soft-cap on residual rows (..., D) -> (..., V)."""
     return M.unembed(np.atleast_2d(x), model.params, model.config).reshape(*x.shape[:-1], -1)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))

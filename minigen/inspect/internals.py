@@ -12,6 +12,7 @@ from ..engine import model as M
 from ..engine.attention import attend, causal_mask
 from ..errors import MinigenError
 from ..engine.layers import apply_rope
+from .args import layer_head, vocab_token
 from .hooks import layer_inputs
 from .stats import probe_scores, repeated_tokens
 from .trace import Steps, attention_steps, fmt_vec, format_steps
@@ -61,7 +62,7 @@ def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
     """The walk-through's numbers for one head over all of ids, and the model's own results to check
     them against: {"out": (T, d) the head's output from attend(), "weights": (T, T) from the forward's record}."""
     cfg = model.config
-    check_layer_head(cfg, layer, head)
+    layer_head(cfg, layer, head)
     h, rope = hidden_before(model, ids, layer)
     p = model.params["layers"][layer]
     x = M.norm(h, p, cfg, "attn_norm") if cfg.pre_norms else h               # (T, D)
@@ -104,13 +105,6 @@ def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
     block = M.attention(x, p, cfg, layer, seqs, rope)
     block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
     return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
-
-
-def check_layer_head(cfg, layer: int, head: int):
-    if not 0 <= layer < cfg.n_layers:
-        raise MinigenError(f"--layer {layer} out of range (the model has {cfg.n_layers} layers: 0-{cfg.n_layers - 1})")
-    if not 0 <= head < cfg.n_heads:
-        raise MinigenError(f"--head {head} out of range (the model has {cfg.n_heads} heads: 0-{cfg.n_heads - 1})")
 
 
 # --- value-weighted attention ------------------------------------------------------------------------
@@ -176,43 +170,16 @@ def verify_rows(model, token_ids, matrices: dict[int, np.ndarray], heads: list[i
     return max(float(np.abs(m.astype(np.float32) - record[l][heads]).max()) for l, m in matrices.items())
 
 
+def verify_dump(model, token_ids, matrices: dict[int, np.ndarray], heads: list[int], dtype) -> float:
+    """verify_rows, refused (MinigenError) past what the dump's dtype keeps: 1e-4 in float32, 2e-3 in float16."""
+    err = verify_rows(model, token_ids, matrices, heads)
+    tol = 1e-4 if np.dtype(dtype).itemsize == 4 else 2e-3
+    if err > tol:
+        raise MinigenError(f"--attn-verify: dumped rows differ from the uncached recomputation by {err:.2e} (> {tol:g})")
+    return err
+
+
 # --- the model-level walk-through ------------------------------------------------------------------------
-
-def resolve_token(tokens: list[str], spec: str | int | None, flag: str = "--token") -> int:
-    """A position in the prompt: an index (negative counts from the end), or text naming a token: the last
-    token that reads TEXT, spaces around it aside ("Mr" finds a final " Mr"). Default: the last token."""
-    T = len(tokens)
-    if spec is None:
-        return T - 1
-    s = str(spec)
-    try:
-        i = int(s)
-    except ValueError:
-        matches = [j for j, t in enumerate(tokens) if t == s or t.strip() == s.strip()]
-        if not matches:
-            raise MinigenError(f"{flag} {s!r}: no token of the prompt reads {s!r} (tokens: "
-                               + " ".join(repr(t) for t in tokens[:12]) + (" ..." if T > 12 else "") + ")")
-        return matches[-1]
-    if not -T <= i < T:
-        raise MinigenError(f"{flag} {i}: past the prompt, which has {T} tokens (0-{T - 1})")
-    return i % T
-
-
-def vocab_token(tok, spec: str, flag: str, vocab_size: int) -> int:
-    """A token of the vocabulary for --answer, --target and the like: its text, which must encode to
-    exactly one token (" Mary" with its space), or #ID."""
-    if spec.startswith("#") and spec[1:].isdigit():
-        i = int(spec[1:])
-        if i >= vocab_size:
-            raise MinigenError(f"{flag} {spec}: outside the vocabulary (0-{vocab_size - 1})")
-        return i
-    ids = tok.encode(spec, add_special_tokens=False)
-    if len(ids) != 1:
-        pieces = " ".join(repr(t) for t in tok.token_strings(ids)) if ids else "nothing"
-        raise MinigenError(f"{flag} {spec!r}: that text is {len(ids)} tokens ({pieces}), not one; give one "
-                           f"token's text (mind the leading space, e.g. ' Paris') or #ID")
-    return ids[0]
-
 
 def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int = 12,
                 tol: float = 1e-4) -> tuple[list[str], bool, Steps]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import model as M
-from .hooks import layer_inputs, log_softmax, logits_of
+from ..generation.sampling import log_softmax
+from .hooks import layer_inputs, logits_of
 
 
 def logit_lens(model, ids) -> np.ndarray:
@@ -38,7 +39,7 @@ def lens_at(model, ids, position: int, k: int = 5, target: int | None = None) ->
     """The lens at one position: each row's top-k tokens and probabilities, and one token's rank (1 = top),
     probability and logit across rows (the target defaults to the model's final top token)."""
     x, _ = layer_inputs(model, ids)
-    logp = log_softmax(logits_of(model, x[:, position]))                   # (L + 1, V)
+    logp = log_softmax(logits_of(model, x[:, position]), dtype=np.float64)                 # (L + 1, V)
     target = int(np.argmax(logp[-1])) if target is None else target
     rows = []
     for l, lp in enumerate(logp):

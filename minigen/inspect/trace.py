@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from .report import bar, label
+
 
 @dataclass
 class Steps:
@@ -89,11 +91,6 @@ def _num(t: float, as_int: bool) -> str:
     return "-inf" if np.isneginf(t) else (f"{t:.0f}" if as_int else f"{t:.2f}")
 
 
-def _label(s: str, width: int = 12) -> str:
-    s = repr(s)[1:-1]
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
 def visible_keys(steps: Steps, i: int, limit: int = 12) -> list[int]:
     """Keys worth a line for query i: all when few, else the top `limit` by weight, in position order."""
     keys = np.flatnonzero(np.isfinite(steps.scores[i]))
@@ -111,10 +108,10 @@ def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[st
     keys = visible_keys(steps, i, limit)
     n_keys = int(np.isfinite(steps.scores[i]).sum())
     d = steps.q.shape[-1]
-    w = max(len(_label(key_labels[j])) for j in keys) + 9
-    name = lambda j: f"'{_label(key_labels[j])}' [{j}]".ljust(w)
+    w = max(len(label(key_labels[j], 12)) for j in keys) + 9
+    name = lambda j: f"'{label(key_labels[j], 12)}' [{j}]".ljust(w)
     out = [header] if header else []
-    out.append(f"query token {i} {_label(labels[i])!r}")
+    out.append(f"query token {i} {label(labels[i], 12)!r}")
     out.append(f"1. x (input row, width {steps.x.shape[-1]}) = {fmt_vec(steps.x[i])}")
     if steps.q_bias is not None:
         out.append(f"   q bias b_Q = {fmt_vec(steps.q_bias)}")
@@ -143,7 +140,7 @@ def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[st
         out[-1] += f", then soft-capped: {steps.softcap:g} * tanh(s / {steps.softcap:g}):"
     out += [f"   {name(j)} {steps.scaled[i, j]:.2f}" for j in keys]
     out.append(f"6. softmax (row max subtracted first), as percentages:")
-    out += [f"   {name(j)} {100 * steps.weights[i, j]:6.2f}%  {_bar(steps.weights[i, j])}" for j in keys]
+    out += [f"   {name(j)} {100 * steps.weights[i, j]:6.2f}%  {bar(steps.weights[i, j], 30)}" for j in keys]
     rest = 1.0 - steps.weights[i, keys].sum()
     if len(keys) < n_keys:
         out.append(f"   {'(other keys)'.ljust(w)} {100 * rest:6.2f}%")
@@ -155,25 +152,22 @@ def format_steps(steps: Steps, labels: list[str], i: int, *, key_labels: list[st
     return out
 
 
-def _bar(w: float, width: int = 30) -> str:
-    n = w * width
-    return "█" * int(n) + ("▌" if n - int(n) >= 0.5 else "")
-
-
 def format_tables(steps: Steps, labels: list[str]) -> list[str]:
     """Every row at once, as the seeds lay it out: Q/K/V per token, scores, scaled, weights, outputs."""
-    w = max(len(_label(s)) for s in labels) + 2
-    head = " " * w + "".join(_label(s).rjust(8) for s in labels)
+    w = max(len(label(s, 12)) for s in labels) + 2
+    head = " " * w + "".join(label(s, 12).rjust(8) for s in labels)
     def table(title, m, f):
-        return [title, head] + [_label(labels[i]).ljust(w) + "".join(f(t).rjust(8) for t in m[i]) for i in range(len(m))]
+        return [title, head] + [label(labels[i], 12).ljust(w) + "".join(f(t).rjust(8) for t in m[i])
+                                for i in range(len(m))]
     ints = lambda m: np.allclose(m[np.isfinite(m)], np.round(m[np.isfinite(m)]), atol=1e-9)
     out = ["token".ljust(w) + "Q".ljust(16) + "K".ljust(16) + "V"]
-    out += [_label(labels[i]).ljust(w) + fmt_vec(steps.q[i]).ljust(16) + fmt_vec(steps.k[i]).ljust(16)
+    out += [label(labels[i], 12).ljust(w) + fmt_vec(steps.q[i]).ljust(16) + fmt_vec(steps.k[i]).ljust(16)
             + fmt_vec(steps.v[i]) for i in range(len(steps.q))]
     out += table("scores q . k", steps.scores, lambda t: _num(t, ints(steps.scores)))
     out += table(f"scaled scores / sqrt(d_k) (/ {1 / steps.scale:.4g})", steps.scaled, lambda t: f"{t:.2f}")
     out += table("softmax weights", steps.weights, lambda t: f"{t:.3f}")
-    out += ["output = weights @ V"] + [_label(labels[i]).ljust(w) + fmt_vec(steps.out[i]) for i in range(len(steps.out))]
+    out += ["output = weights @ V"] + [label(labels[i], 12).ljust(w) + fmt_vec(steps.out[i])
+                                       for i in range(len(steps.out))]
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import MiB, MinigenError, decode_utf8, read_json_object, read_regular, short
+from ..errors import MiB, MinigenError, decode_utf8, first_line, read_json_object, read_regular, short
 from .template import render_chat_template
 
 TOKENIZER_LIMIT = 256 * MiB   # tokenizer.json: Gemma 3's is 33 MB
@@ -302,7 +302,7 @@ def rust_guard(what: str, load: bool = False):
                 raise
             failure, held.discard = e, True
     if failure is not None:
-        raise MinigenError(f"{what} ({_first_line(failure)})") from None
+        raise MinigenError(f"{what} ({first_line(failure)})") from None
 
 
 class _HeldStderr:
@@ -339,8 +339,3 @@ class _HeldStderr:
             except OSError:
                 pass
         return False
-
-
-def _first_line(e: BaseException) -> str:
-    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return line if len(line) <= 200 else line[:197] + "..."

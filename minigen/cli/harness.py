@@ -1,0 +1,223 @@
+"""The process around a command: standard streams, signals and exit codes; the prompt reader and --model.
+
+`Group.invoke` runs every command: a bad input is one line `minigen: error: ...` (exit 1), a bad option
+value a usage error naming its flag (exit 2); Ctrl-C exits 130 and SIGTERM/SIGHUP 128 + the signal,
+both by an exception, so every output file's temporary sibling is removed on the way out (files.py); a
+closed, full or broken stdout is one line (or, for a closed pipe, silence), never a traceback. Ctrl-C
+before a command runs (while Python imports minigen, or click parses the flags) also exits 130: see
+cli/__init__.py and `Group.make_context`.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import click
+
+from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
+
+PROMPT_LIMIT = 16 * MiB  # bytes of prompt read from a file or stdin (/dev/zero never ends)
+MODEL_HELP = "A checkpoint directory, a .gguf file or a hub id (org/name); default: the default model."
+
+
+class Command(click.Command):
+    """A subcommand whose OptionError (a bad value for one run option) becomes click's usage error
+    naming the flag, exit 2: the values are checked in one place, generation/options.py."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OptionError as e:
+            param = next((p for p in self.params if p.name == e.option), None)
+            hint = None if param else "PROMPT" if e.option == "prompt" else "--" + e.option.replace("_", "-")
+            raise click.BadParameter(e.message, ctx=ctx, param=param, param_hint=hint) from None
+
+
+class Group(click.Group):
+    """Runs a subcommand so that nothing ends in a traceback (see the module's docstring)."""
+    command_class = Command
+
+    def make_context(self, *args, **kwargs):
+        try:  # click would call a Ctrl-C here "Aborted!", exit 1
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            interrupted()
+
+    def invoke(self, ctx):
+        _fill_closed_stdio()
+        if sys.stdout is None or not _is_open(1, writable=True):
+            fail("standard output is closed; redirect it to a file instead (> out.txt)")
+        try:
+            with _signals_exit():
+                try:
+                    return super().invoke(ctx)
+                finally:
+                    if sys.stdout is not None:
+                        sys.stdout.flush()  # a full disk shows here, not as a traceback at exit
+        except MinigenError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            interrupted()
+        except UnicodeDecodeError as e:  # text read from stdin in a strict UTF-8 locale
+            fail(f"the input is not valid UTF-8 (bad byte at offset {e.start})")
+        except MemoryError:
+            fail("out of memory (the model, or the context asked for, needs more than this machine has)")
+        except OSError as e:
+            _discard_stdout()
+            if e.errno == errno.EPIPE:  # the reader went away (| head): stop quietly, as SIGPIPE would
+                sys.exit(128 + signal.SIGPIPE)
+            fail(_os_error(e))
+
+
+def interrupted():
+    click.echo("minigen: interrupted", err=True)
+    sys.exit(130)
+
+
+WRITE_ERRORS = (errno.EBADF, errno.ENOSPC, errno.EFBIG, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an OSError that no reader turned into a MinigenError: mostly stdout failing."""
+    if e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    if e.errno in WRITE_ERRORS:
+        return f"standard output: {e.strerror}"
+    return str(e.strerror or e)
+
+
+def fail(message: str):
+    click.echo(f"minigen: error: {message}", err=True)
+    sys.exit(1)
+
+
+def _fill_closed_stdio():
+    """A closed stdin or stderr (`<&-`, `2>&-`) is given /dev/null: a free fd 0 or 2 would be handed to
+    the next file opened, and error text meant for stderr could land in an output file."""
+    for fd, mode in ((0, os.O_RDONLY), (2, os.O_WRONLY)):
+        if not _is_open(fd, writable=fd == 2):
+            null = os.open(os.devnull, mode)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 2:
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives as long as the process)
+
+
+def _is_open(fd: int, writable: bool = False) -> bool:
+    """Whether fd is open (for writing, if asked: a launcher script may leave a read-only file there)."""
+    try:
+        import fcntl
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except ImportError:  # not POSIX
+        return True
+    except OSError:
+        return False
+    return not writable or flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+def _discard_stdout():
+    """After stdout failed, send what is still buffered nowhere, so that the interpreter's final flush
+    does not fail again and print a traceback (Python's documented recipe for SIGPIPE)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+@contextmanager
+def _signals_exit():
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) while a command runs, so `with` blocks clean up
+    (temporary files are removed) as for Ctrl-C; a second signal is ignored so cleanup can finish."""
+    def leave(signum, frame):
+        for sig in caught:
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    caught = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    try:
+        previous = {sig: signal.signal(sig, leave) for sig in caught}
+    except ValueError:  # not the main thread: leave signals alone
+        previous = {}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def stdout_is_stderr() -> bool:
+    """stdout and stderr are one file or pipe (`2>&1`): figures on stderr would run on from the text."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # not real files (a test runner's buffers)
+        return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+
+
+# --- the inputs every command shares: the prompt, --model ----------------------------------------------
+
+def read_prompt(prompt: str | None, prompt_opt: str | None = None, file: str | None = None) -> str:
+    """The prompt as text: an argument, stdin (-) or a file (which may be a pipe, as `-f <(cmd)`), read up
+    to PROMPT_LIMIT bytes and required to be UTF-8; anything else is a usage error naming its source."""
+    given = [p for p in (prompt, prompt_opt, file) if p is not None]
+    if len(given) != 1:
+        raise click.UsageError("give the prompt once: PROMPT, -p/--prompt (- reads stdin) or -f/--file")
+    hint = "-f/--file" if file is not None else "-p/--prompt" if prompt_opt is not None else "PROMPT"
+    try:
+        if file is not None:
+            return decode_utf8(read_bounded(file, PROMPT_LIMIT, "prompt file"), file, "the prompt")
+        if given[0] == "-":
+            return decode_utf8(read_stdin(PROMPT_LIMIT), "stdin", "the prompt")
+        return decode_utf8(os.fsencode(given[0]), "the argument", "the prompt")
+    except MinigenError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
+
+
+def read_stdin(limit: int) -> bytes:
+    if sys.stdin is None:
+        raise MinigenError("stdin is closed")
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise MinigenError(f"the prompt on stdin is longer than minigen reads ({limit:,} bytes)")
+    return data
+
+
+def model_option(f):
+    """--model, the same for every command."""
+    return click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)(f)
+
+
+@dataclass
+class Loaded:
+    model: object
+    tokenizer: object
+    seconds: float      # the load itself: a GGUF's first conversion or a download is not counted
+    resolved: object    # checkpoint.Resolved: what --model named
+
+
+def load_timed(spec: str | None) -> Loaded:
+    """--model (a directory, a .gguf file or a hub id; None: the default model), loaded; a GGUF's first
+    conversion or a download is announced on stderr and not counted as loading."""
+    from ..checkpoint.resolve import load, resolve
+    resolved = resolve(spec)
+    import numpy as np
+    np.seterr(all="ignore")  # non-finite logits are reported per step (steps.py), not as numpy warnings
+    start = time.perf_counter()
+    model, tokenizer = load(resolved.path)
+    return Loaded(model, tokenizer, time.perf_counter() - start, resolved)

@@ -1,0 +1,183 @@
+"""`generate`, `info` and `convert`: parse the flags, call generation/ or checkpoint/ or gguf/, print.
+
+generate's run flags are options.Options' table (`run_options`), shared with chat; text goes to stdout
+piece by piece, notes and figures to stderr.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from ..generation.options import Options, flags_of, spec, summary
+from . import harness
+from .harness import Command, load_timed, model_option, read_prompt
+
+
+def run_flag(f):
+    """The click option for one field of options.Options, from its entry in the table."""
+    s = spec(f)
+    kw = {"help": s.help, "show_default": s.show_default}
+    if s.type is None:
+        kw["is_flag"] = True
+    else:
+        kw.update(type=s.type, multiple=s.multiple, default=None if s.multiple else f.default)
+    if s.parse is not None:
+        kw["callback"] = lambda ctx, param, value: _parsed(s.parse, value, param)
+    return click.option(*s.flags, f.name, **kw)
+
+
+def _parsed(parse, value, param):
+    try:
+        return tuple(parse(v) for v in value) if isinstance(value, tuple) else None if value is None else parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=param.opts[-1]) from None
+
+
+def run_options(name: str):
+    """A decorator: the flags of every run option that command `name` has (options.flags_of), then -q, -v."""
+    def add(command):
+        for option in reversed([run_flag(f) for f in flags_of(name)] + [
+                click.option("-q", "--quiet", is_flag=True, help="No figures on stderr."),
+                click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after.")]):
+            command = option(command)
+        return command
+    return add
+
+
+@click.command(cls=Command)
+@click.argument("prompt", required=False)
+@model_option
+@click.option("-p", "--prompt", "prompt_opt", help="The prompt; - reads it from stdin.")
+@click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
+@run_options("generate")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
+@click.option("--system", help="System message for --chat (implies --chat).")
+@click.option("--dump-attention", "dump_path", metavar="OUT.npz",
+              help="Save every attention weight of the run (prompt and generated rows) as .npz.")
+@click.option("--attn-layers", metavar="0,5-7", help="Layers to dump (default all).")
+@click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
+@click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
+@click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
+def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose, **flags):
+    """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
+    from ..generation.steps import Run, prompt_ids
+    dump = pop_dump_options(flags)
+    options = Options.of(record_attention=dump is not None, **flags)
+    text = read_prompt(prompt, prompt_opt, file)
+    loaded = load_timed(model_path)
+    run = Run(loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, text, chat, system), options)
+    if dump is not None:
+        sys.exit(generate_with_dump(run, loaded.seconds, quiet, verbose, dump))
+    sys.exit(print_run(run, loaded.seconds, quiet, verbose))
+
+
+def print_run(run, load_seconds: float, quiet: bool, verbose: bool) -> int:
+    """Stream the text to stdout, piece by piece; notes and figures to stderr. Returns the exit code."""
+    if verbose:
+        click.echo(f"model: {run.model.path} ({run.model.config.model_type}), prompt: {len(run.prompt)} tokens, "
+                   f"{summary(run.options)}", err=True)
+    code, last = 0, ""
+    try:
+        for piece in run.pieces():
+            click.echo(piece, nl=False)
+            last = piece
+    except KeyboardInterrupt:
+        code = 130
+    if last and not last.endswith("\n"):  # the figures start on a line of their own
+        if harness.stdout_is_terminal():
+            click.echo()
+        elif harness.stdout_is_stderr() and not quiet:  # 2>&1 into a file or pipe: the text on stdout stays
+            click.echo(err=True)
+    print_end(run.stats, run.options.max_context, "generation stopped", load_seconds, quiet, verbose)
+    return code
+
+
+def print_end(stats, max_context: int, stopped: str, load_seconds: float, quiet: bool, verbose: bool):
+    """On stderr: a note if the context filled up (`stopped`: what stopped), then the figures unless quiet."""
+    if stats.finish == "context":
+        click.echo(f"minigen: note: the context is full ({max_context} tokens); {stopped}", err=True)
+    if not quiet:
+        click.echo(figures(stats, load_seconds, verbose), err=True)
+
+
+def figures(stats, load_seconds: float, verbose: bool = False) -> str:
+    import resource
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    lines = ["==========",
+             f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tokens/s",
+             f"generation: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tokens/s",
+             f"load: {load_seconds:.2f} s, peak memory: {peak_mb:.0f} MB"]
+    if verbose:
+        lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
+                     f"decode {stats.decode_seconds:.3f} s")
+    return "\n".join(lines)
+
+
+def pop_dump_options(flags: dict) -> dict | None:
+    """Take generate's --dump-attention flags out of `flags`; check the path before any work."""
+    from ..files import check_target
+    dump = {k: flags.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_verify")}
+    if dump["dump_path"] is None:
+        if any(v for k, v in dump.items() if k != "dump_path"):
+            raise click.UsageError("--attn-layers, --attn-heads, --attn-dtype and --attn-verify go with "
+                                   "--dump-attention")
+        return None
+    if flags["max_tokens"] == 0:
+        raise click.UsageError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
+                               "for the prompt alone: minigen attention PROMPT --dump-attention OUT.npz")
+    check_target(dump["dump_path"], "attention dump")
+    return dump
+
+
+def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dump: dict) -> int:
+    """print_run with the attention of every step collected; the file is written only if the run ends."""
+    from ..inspect.dump import GenerationDump
+    from ..inspect.internals import verify_dump
+    with GenerationDump.for_run(run, dump["dump_path"], dump["attn_layers"], dump["attn_heads"],
+                                dump["attn_dtype"]) as d:
+        run.on_step.append(d.on_step)
+        code = print_run(run, load_seconds, quiet, verbose)
+        if code != 0:
+            click.echo("minigen: interrupted: no attention dump written", err=True)
+            return code
+        out = d.finish()
+    T = len(out["token_ids"])
+    click.echo(f"attention: wrote {out['path']} ({len(d.layers)} layers x {len(d.heads)} heads x {T}x{T} "
+               f"{d.dtype.name}, lower triangles; prompt {len(run.prompt)} tokens)", err=True)
+    if dump["attn_verify"]:
+        err = verify_dump(run.model, out["token_ids"], out["matrices"], d.heads, d.dtype)
+        click.echo(f"attention verify: all {T} rows match an uncached recomputation (max |diff| {err:.1e})", err=True)
+    return 0
+
+
+@click.command(cls=Command)
+@model_option
+def info(model_path):
+    """What a checkpoint is (and what --model resolved to): architecture, size, dims, heads, context, tokenizer."""
+    from ..checkpoint.describe import describe
+    loaded = load_timed(model_path)
+    for name, value in describe(loaded.model, loaded.tokenizer, loaded.resolved.origin):
+        click.echo(f"{name + ':':<19}{value}")
+
+
+@click.command(cls=Command)
+@click.argument("source", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Data type of the written weights.")
+def convert(source, out_dir, dtype):
+    """Convert a GGUF file (SOURCE) into a Hugging Face checkpoint directory (OUT_DIR).
+
+    Architectures: llama (also Mistral, SmolLM), qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2
+    (also OLMo 3), gptneox, smollm3, granite, granitemoe, mistral3 (Ministral 3's text GGUF). Tensors are dequantised (every type the gguf package reads: F32, F16, BF16, Q4_0 ... Q8_0,
+    the K and I quants, ...), llama.cpp's changes to them undone, the tokenizer rebuilt as tokenizer.json, and
+    OUT_DIR appears only when the conversion is complete.
+    """
+    from ..gguf.convert import convert_gguf
+
+    start = time.perf_counter()
+    result = convert_gguf(source, out_dir, dtype=dtype, progress=True)
+    click.echo(f"wrote {result.out_dir}: {result.n_tensors} tensors, {result.n_params / 1e6:.1f}M parameters, "
+               f"{result.nbytes / 1e6:.0f} MB ({dtype}) in {time.perf_counter() - start:.1f} s", err=True)
