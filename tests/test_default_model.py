@@ -15,6 +15,7 @@ import minigen
 from conftest import FIXTURES_DIR, greedy
 from minigen.checkpoint import resolve as checkpoint, default_model
 from minigen.errors import MinigenError
+from minigen.generation.steps import Run
 
 REF = json.loads((FIXTURES_DIR / "gguf" / "tokenizer_ref.json").read_text(encoding="utf-8"))
 GOLDEN = json.loads((FIXTURES_DIR / "gguf" / "golden.json").read_text(encoding="utf-8"))
@@ -97,5 +98,13 @@ def test_golden_greedy_matches_transformers(smollm2, case):
 
 
 def test_chat_answer_mentions_paris(smollm2):
+    """The whole path from a question to its answer, computed: the chat template (with the checkpoint's
+    default system message), the tokenizer, the engine and the greedy loop give the ids transformers
+    generated on llama.cpp's tokenization of the same conversation, and the answer names Paris."""
+    model, tok = smollm2
     chat = next(c for c in GOLDEN["cases"] if c["name"] == "chat")
-    assert "Paris" in smollm2[1].decode(chat["greedy_ids"])
+    r = Run.from_prompt(model, tok, "What is the capital of France?", chat=True, max_tokens=GOLDEN["max_new_tokens"])
+    text = r.text()
+    assert r.prompt == chat["prompt_ids"]
+    assert r.tokens + [GOLDEN["eos_token_id"]] == chat["greedy_ids"] and r.stats.finish == "eos"
+    assert "Paris" in text and text == tok.decode(r.tokens)

@@ -27,17 +27,24 @@ def cli(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
 
-def test_every_family_has_fixtures_in_both_config_spellings():
+def test_every_family_has_its_fixtures():
+    """The one check that a family is covered: transformers' parity fixtures (reference.npz) in both
+    config spellings where transformers 5 writes the new one, listed in conftest.FIXTURES under the
+    model_type their config.json says, and an inspect reference (inspect_reference.npz)."""
     from minigen.checkpoint.families import FAMILIES
     assert set(FIXTURES.values()) == set(FAMILIES)
     spellings = {}
     for name, family in FIXTURES.items():
         raw = json.loads((FIXTURES_DIR / name / "config.json").read_text())
+        text_type = raw.get("text_config", {}).get("model_type")  # a multimodal wrapper's language model
+        assert family in (raw["model_type"], text_type) and (FIXTURES_DIR / name / "reference.npz").is_file(), name
         new = "rope_parameters" in raw or ("dtype" in raw and "torch_dtype" not in raw)
         spellings.setdefault(family, set()).add("5.x" if new else "4.x")
     new_families = {"gemma2", "gemma3_text", "qwen3", "phi3", "olmo2", "gpt_neox", "smollm3", "granite", "granitemoe",
                     "olmo3", "ministral3"}
     assert all(spellings[f] == {"5.x", "4.x"} for f in new_families), spellings
+    inspected = {FIXTURES[p.parent.name] for p in FIXTURES_DIR.glob("*/inspect_reference.npz")}
+    assert inspected == set(FAMILIES), set(FAMILIES) - inspected
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)

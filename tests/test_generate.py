@@ -31,10 +31,6 @@ def with_generation_config(model, **gc):
     return m
 
 
-def test_there_are_fixtures():
-    assert len(NAMES) >= 8
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_equals_hf(name):
     model, tok, ref = fixture(name)
