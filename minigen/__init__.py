@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
 __all__ = ["load", "Model", "MinigenError", "generate", "stream", "generate_batch"]
-_WHERE = {"load": "checkpoint.resolve", "Model": "engine.model", "MinigenError": "errors",
+_WHERE = {"load": "resolve", "Model": "engine.model", "MinigenError": "errors",
           "generate": "generation.steps", "stream": "generation.steps", "generate_batch": "generation.batch"}
 
 

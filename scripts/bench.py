@@ -457,7 +457,7 @@ def main():
         moe_section(args)
         return
     if args.model is None:
-        from minigen.checkpoint.default_model import default_model_path
+        from minigen.gguf.default_model import default_model_path
         args.model = default_model_path()
     args.model = Path(args.model).resolve()
     engines = [e for e in args.engines.split(",") if e]

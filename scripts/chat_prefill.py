@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--reply-tokens", type=int, default=128)
     args = ap.parse_args()
     if args.model is None:
-        from minigen.checkpoint.default_model import default_model_path
+        from minigen.gguf.default_model import default_model_path
         args.model = default_model_path()
     model, tok = minigen.load(args.model)
     kept, whole = [], []

@@ -32,7 +32,7 @@ from gguf_vocab_ref import (HARD_TEXTS, LLAMA_CPP, llama_special_ids, llama_toke
                             special_text)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's minigen
-from minigen.checkpoint.default_model import gguf_source  # noqa: E402
+from minigen.gguf.default_model import gguf_source  # noqa: E402
 from minigen.gguf.vocab import PRE_KINDS, PRE_NAMES  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gguf_vocab"

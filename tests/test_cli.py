@@ -161,9 +161,7 @@ def test_unknown_model_path(tmp_path):
 
 
 def test_default_model(monkeypatch):
-    fake = types.ModuleType("minigen.checkpoint.default_model")
-    fake.default_model_path = lambda: FIXTURES / "gpt2"
-    monkeypatch.setitem(sys.modules, "minigen.checkpoint.default_model", fake)
+    monkeypatch.setattr(minigen.resolve, "default_model_path", lambda note, progress: FIXTURES / "gpt2")
     _, tok, ref = fixture("gpt2")
     r = cli("generate", str(ref["prompt"]), "-m", 5, "--ignore-eos", "-q")
     assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 5)

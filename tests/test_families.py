@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
-from minigen.checkpoint.resolve import load_model
+from minigen.resolve import load_model
 from minigen.cli import main
 from minigen.errors import MinigenError
 from minigen.inspect import load_attention

@@ -1,13 +1,15 @@
-"""Hostile and unlucky input: the fast subset of scripts/fault_inject.py (one test per case), and the
-promises it cannot check on its own (what loads still computes the right thing).
+"""Hostile and unlucky input: the fast subset of the fault corpus (tests/faults/, one test per case), the
+runner's own verdicts, and the promises the corpus cannot check on its own (what loads still computes the
+right thing).
 
-The corpus runs once, in a subprocess, with limits on time and memory per case; each case is then a
-test that fails with the case's outcome (traceback, hang, wrong) and the first line it printed.
+The corpus runs once, in a subprocess (scripts/fault_inject.py --fast), with limits on time and memory per
+case; each case is then a test that fails with the case's outcome (traceback, hang, wrong) and the first
+line it printed.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -19,21 +21,15 @@ from click.testing import CliRunner
 
 import minigen
 from conftest import FIXTURES_DIR
+from faults import runner
+from faults.checkpoint_files import pack, split_safetensors, tensor_mutations
+from faults.core import Case, Run
+from faults.gguf_files import gguf_fields
 from minigen.cli import main
 from minigen.errors import MinigenError
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fault_inject.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("fault_inject", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fault_inject"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-FAST = [f"{c.category}/{c.name}" for c in _script().fast_cases()]
+FAST = [f"{c.category}/{c.name}" for c in runner.fast_cases()]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +46,61 @@ def outcomes(tmp_path_factory):
 def test_fault(outcomes, name):
     x = outcomes[name]
     assert x["outcome"] in ("ok", "ok-error"), f"{x['outcome']}: {x['detail']}"
+
+
+# --- the runner's verdicts --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expect, code, err, outcome", [
+    ("error", 1, b"minigen: error: x.json: not valid JSON\n", "ok-error"),
+    ("error", 0, b"", "wrong"),                                             # accepted what must be refused
+    ("error", 1, b"minigen: error: one\nand another line\n", "wrong"),     # more than one line
+    ("usage", 1, b"minigen: error: --top-p: bad\n", "wrong"),              # a usage error must exit 2
+    ("usage", 2, b"Usage: minigen generate\n\nError: Invalid value for '--top-p'\n", "ok-error"),
+    ("either", 0, b"", "ok"),
+    ("ok", 1, b"minigen: error: x\n", "wrong"),
+    ("error", 1, b"Traceback (most recent call last):\n  File ...\nKeyError: 'x'\n", "traceback"),
+    ("error", 101, b"thread '<unnamed>' panicked at src/lib.rs\n", "traceback"),
+    ("error", 1, b"MemoryError\n", "hang"),
+    ("either", 0, b"RuntimeWarning: overflow\n", "wrong"),
+])
+def test_classify(tmp_path, expect, code, err, outcome):
+    case = Case("config", "x", lambda d: Run(), expect)
+    assert runner.classify(case, Run(), code, b"", err, tmp_path, False)[0] == outcome
+    assert runner.classify(case, Run(), None, b"", b"", tmp_path, True) == ("hang", "time limit")
+
+
+def test_classify_runs_the_case_check(tmp_path):
+    case = Case("config", "x", lambda d: Run(), "error")
+    run = Run(check=lambda code, out, err, d: "printed a secret" if b"SECRET" in err else None)
+    assert runner.classify(case, run, 1, b"", b"minigen: error: SECRET\n", tmp_path, False) == ("wrong", "printed a secret")
+
+
+def test_case_names_are_unique():
+    case = Case("config", "x", lambda d: Run())
+    with pytest.raises(AssertionError, match="unique"):
+        runner.check_unique([case, case])
+
+
+def test_safetensors_mutations_are_what_they_say():
+    """Every mutation of a fixture is a different file, and the fixture itself round-trips through pack."""
+    blob = (FIXTURES_DIR / "llama_gqa3" / "model.safetensors").read_bytes()
+    header, data = split_safetensors(blob)
+    assert split_safetensors(pack(header, data)) == (header, data)
+    mutations = tensor_mutations(header, data, random.Random(0))
+    assert len({name for name, _ in mutations}) == len(mutations) > 100
+    assert len({b for _, b in mutations}) > 0.9 * len(mutations)
+    assert dict(mutations)["empty-file"] == b"" and dict(mutations)["trailing-1"] == pack(header, data) + b"\0"
+
+
+def test_gguf_fields_walk_a_real_header():
+    """Each field's position and size, read back from llama.cpp's file, holds what the field says."""
+    buf = (FIXTURES_DIR / "gguf" / "llama.gguf").read_bytes()
+    fields, data_start = gguf_fields(buf)
+    value = {label: int.from_bytes(buf[pos:pos + n], "little") for label, pos, n, kind in fields}
+    assert buf[:4] == b"GGUF" and value["version"] == 3 and data_start % 32 == 0 and data_start < len(buf)
+    n_tensors = value["n_tensors"]
+    assert sum(label.endswith(":n_dims") for label, *_ in fields) == n_tensors
+    assert value["llama.block_count:type"] == 4  # uint32
 
 
 # --- what still loads must still be right --------------------------------------------------------

@@ -8,7 +8,8 @@ import pytest
 
 from minigen.checkpoint.config import parse_config
 from minigen.errors import MinigenError
-from minigen.gguf.arch import Meta, Tensors, family_config, llama3_rope, neox_interleave, unpermute
+from minigen.checkpoint.families import FAMILIES, FIXES, neox_interleave, unpermute
+from minigen.gguf.arch import ARCHS, Meta, Tensors, family_config, llama3_rope
 
 
 def llama_cpp_rope_freqs(theta, dim, factor, low, high, old):
@@ -145,3 +146,35 @@ def test_neox_interleave_inverts_llama_cpp_reorder():
     heads = qkv.reshape(H, 3, d, 5)
     gguf = np.concatenate([heads[:, i].reshape(-1, 5) for i in range(3)])  # conversion/gptneox.py
     np.testing.assert_array_equal(neox_interleave(gguf, H), qkv)
+
+
+def test_neox_fixes_are_inverse():
+    """Loading an HF GPT-NeoX groups q, k, v (neox_qkv); converting llama.cpp's grouped rows gives HF's
+    per-head order back (neox_per_head): one undoes the other, on matrices and biases."""
+    w = np.arange(4 * 3 * 6 * 5, dtype=np.float32).reshape(72, 5)
+    for x in (w, w[:, 0].copy()):
+        np.testing.assert_array_equal(FIXES["neox_per_head"](FIXES["neox_qkv"](x, 4, 4), 4, 4), x)
+
+
+def test_one_registry():
+    """Every GGUF architecture minigen converts is a family entry's `gguf`, every fix it names is in the
+    one table, and only a family with parameters llama.cpp writes as tensors accepts them."""
+    assert ARCHS == {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
+                     "gemma3": "gemma3_text", "phi3": "phi3", "gpt2": "gpt2", "olmo2": "olmo2", "gptneox": "gpt_neox",
+                     "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "mistral3": "ministral3"}
+    for name, family in FAMILIES.items():
+        assert set(family.fix.values()) <= set(FIXES), name
+        if family.gguf:
+            assert set(family.gguf.fixes.values()) <= set(FIXES), name
+            assert family.gguf.rope_factors in (None, "llama3", "longrope"), name
+
+
+def test_longrope_only_where_the_family_writes_its_factors():
+    """A llama file saying rope.scaling.type longrope: llama.cpp writes longrope factors for Phi-3 only (the
+    family entry says so), so the key itself is refused by name."""
+    kv = dict(block_count=2, embedding_length=64, feed_forward_length=128, context_length=4096,
+              **{"attention.head_count": 4, "attention.layer_norm_rms_epsilon": 1e-6, "rope.scaling.type": "longrope"})
+    with pytest.raises(MinigenError, match="llama.rope.scaling.type is 'longrope', which minigen does not run"):
+        family_config("llama", meta("llama", **kv), tensors(hidden=64))
+    phi3 = family_config("phi3", meta("phi3", **kv), tensors(hidden=64))
+    assert phi3["rope_scaling"] is None  # the factors come from the tensors, read by convert

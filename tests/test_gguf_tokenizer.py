@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gguf_vocab import REFS, apply_patch, read_metadata, unpack
-from minigen.checkpoint import default_model
+from minigen.gguf import default_model
 from minigen.errors import MinigenError
 from minigen.gguf.vocab import (PRE_NAMES, SPACE, build_tokenizer, read_vocab, special_ids,
                                     tokenizer_files)

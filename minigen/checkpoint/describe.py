@@ -8,7 +8,7 @@ from .weights import DTYPE_NAMES, checkpoint_dtypes, index_checkpoint, vision_te
 
 def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
     """Architecture, size, dims, heads, context, dtype on disk, tokenizer, chat template; `origin`: what
-    --model named (checkpoint.Resolved.origin)."""
+    --model named (resolve.Resolved.origin)."""
     c, tok = model.config, tokenizer
     dtypes = checkpoint_dtypes(model.path)
     return [

@@ -1,12 +1,34 @@
 """The model families minigen runs, one entry each: what the forward pass switches on, how config.json
-spells the family's own fields, and where its tensors live in the checkpoint.
+spells the family's own fields, where its tensors live in the checkpoint, and what llama.cpp made of it
+in a GGUF file.
 
-Adding a family is adding an entry here (and its fixtures): `features` are Config fields fixed by
-the family; `defaults` are transformers' defaults for fields config.json may leave out; `read`
-handles what no table can say (layer patterns, per-layer RoPE), returning more Config fields;
-`tensors` maps minigen's canonical tensor names to the checkpoint's (a tuple is stacked by rows into
-one matrix: q/k/v and gate/up are fused at load), `fix` names the reshuffles some layouts need, and
-`norm_offset` is added to every norm weight at load (Gemma stores w of its (1 + w) norms).
+Adding a family is adding an entry here (and its fixtures), its GGUF mapping included: nothing else in
+minigen names a family. `features` are Config fields fixed by the family; `defaults` are transformers'
+defaults for fields config.json may leave out; `read` handles what no table can say (layer patterns,
+per-layer RoPE), returning more Config fields; `tensors` maps minigen's canonical tensor names to the
+checkpoint's (a tuple is stacked by rows into one matrix: q/k/v and gate/up are fused at load), `fix`
+names the reshuffles some layouts need (FIXES, below), and `norm_offset` is added to every norm weight at
+load (Gemma stores w of its (1 + w) norms; llama.cpp stores 1 + w, so a conversion subtracts it).
+
+`gguf` says how llama.cpp's convert_hf_to_gguf.py wrote the family (its `conversion/*.py` in the
+llama-cpp-python sdist), so that minigen.gguf can undo it: the `general.architecture` name, the HF class,
+a function from the `{arch}.*` metadata to the family's own config.json fields (`Meta` and `Tensors` of
+minigen/gguf/arch.py; the fields every family has are read there), and the tensor fixes by GGUF tensor
+kind. What llama.cpp did, per family:
+
+    llama, smollm3   q/k rows permuted so each head's two RoPE halves interleave ("normal" RoPE): unpermute
+                     Llama 3-style RoPE scaling written as per-frequency factors (rope_freqs), not parameters
+    granite, mistral3  q/k permuted, as llama (mistral3: the text GGUF of Ministral 3)
+    granitemoe       q/k permuted; each layer's input_linear (E, 2F, D) split into ffn_gate_exps and
+                     ffn_up_exps (minigen/gguf/convert.py joins them again)
+    gemma, gemma2/3  every norm weight stored as 1 + w (norm_offset)
+    gpt2             Conv1D weights transposed to (out, in)
+    gpt_neox         the fused query_key_value rows reordered from per-head [q; k; v] to [all q; all k; all v]
+    phi3             nothing to the matrices (qkv_proj and gate_up_proj stay fused); longrope's factors
+                     written as tensors (rope_factors_long/short)
+    qwen2/3, olmo2   nothing; an olmo2 file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
+Tensor names are not written by hand: the `gguf` package's own table (gguf.TensorNameMap, the one
+convert_hf_to_gguf.py renames with) maps each of the family's HF names to its GGUF name.
 
 Canonical names, per layer unless global:
     embed, pos_embed, final_norm, lm_head                  (global; a `_b` suffix is a LayerNorm bias)
@@ -26,8 +48,23 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .config import Fields, read_rope, rope_parameters
+import numpy as np
+
+from .fields import Fields
+from .rope import read_rope, rope_parameters
 from ..errors import MinigenError, is_number, short
+
+
+@dataclass(frozen=True)
+class Gguf:
+    """How llama.cpp wrote a family into a GGUF file."""
+    arch: str                             # general.architecture
+    hf_class: str                         # config.json's architectures[0]
+    config: Callable                      # (Meta, Tensors) -> the family's own config.json fields
+    fixes: dict = field(default_factory=dict)  # GGUF tensor kind ("attn_q") -> a FIXES name
+    rope_dims: str = "full"               # "full": rope.dimension_count must be head_dim; "partial": may be less
+    rope_factors: str | None = None       # "llama3": a rope_freqs tensor; "longrope": rope_factors_long/short
+    spell: Callable = lambda cfg: cfg     # the family's own config.json names, where it has them
 
 
 @dataclass(frozen=True)
@@ -36,10 +73,11 @@ class Family:
     features: dict = field(default_factory=dict)
     defaults: dict = field(default_factory=dict)
     read: Callable[[Fields, dict], dict] = lambda get, f: {}
-    fix: dict = field(default_factory=dict)       # canonical tensor -> "conv1d" | "neox_qkv"
+    fix: dict = field(default_factory=dict)       # canonical tensor -> a FIXES name
     ignored: tuple = ()                           # buffers old checkpoints carry (templates)
     prefixes: tuple = ()                          # stripped from tensor names when present
     norm_offset: float = 0.0
+    gguf: Gguf | None = None                      # None: llama.cpp writes none (or as another family)
 
 
 # --- tensor name tables ---------------------------------------------------------------------------
@@ -68,11 +106,6 @@ SANDWICH = _llama_tensors(  # Gemma 2/3: a norm before and after both attention 
 OLMO2 = _llama_tensors(  # norms after attention and MLP only
     attn_post_norm="model.layers.{}.post_attention_layernorm.weight",
     mlp_post_norm="model.layers.{}.post_feedforward_layernorm.weight")
-GRANITEMOE = {k: v for k, v in _llama_tensors(
-    router="model.layers.{}.block_sparse_moe.router.layer.weight",
-    experts_gate_up="model.layers.{}.block_sparse_moe.input_linear.weight",
-    experts_down="model.layers.{}.block_sparse_moe.output_linear.weight").items()
-    if not k.startswith(("w_gate_up", "b_gate_up", "w_down", "b_down"))}
 PHI3 = _llama_tensors(wqkv="model.layers.{}.self_attn.qkv_proj.weight",
                       w_gate_up="model.layers.{}.mlp.gate_up_proj.weight")
 
@@ -98,6 +131,15 @@ NEOX = {
     "w_up": _N + "mlp.dense_h_to_4h.weight", "b_up": _N + "mlp.dense_h_to_4h.bias",
     "w_down": _N + "mlp.dense_4h_to_h.weight", "b_down": _N + "mlp.dense_4h_to_h.bias",
 }
+
+
+GRANITEMOE = {k: v for k, v in _llama_tensors(
+    router="model.layers.{}.block_sparse_moe.router.layer.weight",
+    experts_gate_up="model.layers.{}.block_sparse_moe.input_linear.weight",
+    experts_down="model.layers.{}.block_sparse_moe.output_linear.weight").items()
+    if not k.startswith(("w_gate_up", "b_gate_up", "w_down", "b_down"))}
+PHI3 = _llama_tensors(wqkv="model.layers.{}.self_attn.qkv_proj.weight",
+                      w_gate_up="model.layers.{}.mlp.gate_up_proj.weight")
 
 
 # --- config quirks ----------------------------------------------------------------------------------
@@ -261,6 +303,192 @@ def raise_field(get: Fields, name: str, what: str):
     raise MinigenError(f"{get.where}: field {name!r} should be {what}, got {get.raw.get(name)!r}")
 
 
+# --- GGUF metadata -> the family's own config.json fields (the common ones: minigen/gguf/arch.py) ------------
+
+def _gguf_llama(m, t) -> dict:
+    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "attention_bias": t.has("blk.0.attn_q.bias"), "mlp_bias": t.has("blk.0.ffn_gate.bias")}
+
+
+def _gguf_qwen2(m, t) -> dict:
+    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": m.int("block_count")}
+
+
+def _gguf_qwen3(m, t) -> dict:
+    return {**_gguf_qwen2(m, t), "attention_bias": t.has("blk.0.attn_q.bias")}
+
+
+def _gguf_gemma(m, t) -> dict:
+    return {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon")}
+
+
+def _gemma_attention_scale(m, n_layers: int, layers_27b: int) -> float:
+    """llama.cpp scales scores by 1/sqrt(head_dim), except for the 27B models (by layer count), where it uses
+    1/sqrt(hidden / heads): HF's query_pre_attn_scalar, which the GGUF does not carry."""
+    if n_layers == layers_27b:
+        return m.int("embedding_length") // m.int("attention.head_count")
+    return m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count"))
+
+
+def _gguf_gemma2(m, t) -> dict:
+    n = m.int("block_count")
+    return {**_gguf_gemma(m, t),
+            "query_pre_attn_scalar": _gemma_attention_scale(m, n, layers_27b=46),
+            "attn_logit_softcapping": m.float("attn_logit_softcapping", default=50.0),   # llama.cpp's defaults
+            "final_logit_softcapping": m.float("final_logit_softcapping", default=30.0),
+            "sliding_window": m.int("attention.sliding_window", default=4096),
+            "layer_types": m.sliding_pattern(n, default=2)}
+
+
+def _gguf_gemma3(m, t) -> dict:
+    """Gemma 3: sliding layers use rope.freq_base_swa (llama.cpp's default 10000) without scaling; full
+    layers rope.freq_base with the file's scaling. No sliding window (or 0) means every layer is full."""
+    n = m.int("block_count")
+    window = m.int("attention.sliding_window", default=0, minimum=0)
+    softcap = m.raw.get(f"{m.arch}.final_logit_softcapping")
+    return {**_gguf_gemma(m, t),
+            "query_pre_attn_scalar": _gemma_attention_scale(m, n, layers_27b=62),
+            "final_logit_softcapping": m.float("final_logit_softcapping") if softcap else None,
+            "attn_logit_softcapping": None,
+            "sliding_window": window or None,
+            "rope_local_base_freq": m.float("rope.freq_base_swa", default=10000.0),
+            "layer_types": m.sliding_pattern(n, default=6) if window else ["full_attention"] * n}
+
+
+def _gguf_phi3(m, t) -> dict:
+    """Phi-3: a window of 0 means none (llama.cpp writes 0 for Phi-4); partial rotary from rope.dimension_count."""
+    window = m.int("attention.sliding_window", default=0, minimum=0)
+    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "sliding_window": window or None,
+            "original_max_position_embeddings": m.int("rope.scaling.original_context_length",
+                                                      default=m.int("context_length"))}
+
+
+def _gguf_gpt2(m, t) -> dict:
+    return {"activation_function": "gelu_new", "layer_norm_epsilon": m.float("attention.layer_norm_epsilon")}
+
+
+def _gguf_olmo2(m, t) -> dict:
+    """OLMo 2, or OLMo 3 when the file has a sliding window (llama.cpp writes both as olmo2): then the window's
+    layers from sliding_window_pattern (llama.cpp's default period 4), plain RoPE on them (rope.freq_base_swa,
+    else freq_base: llama.cpp's reading), the scaling on the full layers; as transformers 5's nested
+    rope_parameters, which keeps the two apart."""
+    out = {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+           "attention_bias": t.has("blk.0.attn_q.bias")}
+    window = m.int("attention.sliding_window", default=0, minimum=0)
+    if not window:
+        return out
+    base = m.float("rope.freq_base", default=10000.0)
+    full = {"rope_type": "default", "rope_theta": base, **(m.rope_scaling() or {})}
+    full.pop("type", None)
+    return {**out, "model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
+            "layer_types": m.sliding_pattern(m.int("block_count"), default=4),
+            "rope_parameters": {"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": m.float("rope.freq_base_swa", default=base)}},
+            "rope_theta": None, "rope_scaling": None}
+
+
+def _gguf_gpt_neox(m, t) -> dict:
+    return {"hidden_act": "gelu", "layer_norm_eps": m.float("attention.layer_norm_epsilon"),
+            "use_parallel_residual": m.bool("use_parallel_residual"),
+            "attention_bias": t.has("blk.0.attn_qkv.bias")}
+
+
+def _gguf_smollm3(m, t) -> dict:
+    """SmolLM3: llama.cpp hard-codes NoPE on every 4th layer (n_no_rope_layer_step); the GGUF has no key for it."""
+    n = m.int("block_count")
+    return {**_gguf_llama(m, t), "no_rope_layer_interval": 4,
+            "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(n)], "use_sliding_window": False,
+            "sliding_window": None}
+
+
+def _gguf_granite(m, t) -> dict:
+    """Granite's multipliers as llama.cpp reads them: logit_scale is required; no attention.scale means
+    1/sqrt(head_dim), no residual or embedding scale means none (1)."""
+    head_dim = m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count"))
+    return {**_gguf_llama(m, t), "logits_scaling": m.float("logit_scale"),
+            "attention_multiplier": m.float("attention.scale", default=head_dim ** -0.5),
+            "residual_multiplier": m.float("residual_scale", default=1.0),
+            "embedding_multiplier": m.float("embedding_scale", default=1.0)}
+
+
+def _gguf_granitemoe(m, t) -> dict:
+    """GraniteMoE: Granite's multipliers and routed experts (expert_count, expert_used_count); llama.cpp split
+    each layer's input_linear into ffn_gate_exps and ffn_up_exps (minigen/gguf/convert.py joins them again)."""
+    return {**_gguf_granite(m, t), "num_local_experts": m.int("expert_count"),
+            "num_experts_per_tok": m.int("expert_used_count")}
+
+
+def _gguf_mistral3(m, t) -> dict:
+    """Ministral 3 (the text GGUF of a Mistral 3 checkpoint): Llama with YaRN and, from
+    attention.temperature_scale, llama 4's query scale (its period: YaRN's original context)."""
+    out = {**_gguf_llama(m, t), "sliding_window": m.int("attention.sliding_window", default=0, minimum=0) or None}
+    beta = m.float("attention.temperature_scale", default=None)
+    if beta is not None:
+        if m.str("rope.scaling.type", default="none") != "yarn":
+            m.fail("attention.temperature_scale", "is set without YaRN (rope.scaling.type yarn), whose original "
+                                                  "context is its period")
+        out["llama_4_scaling_beta"] = beta  # moved into rope_scaling by gguf/arch.py's family_config
+    return out
+
+
+def _neox_names(cfg: dict) -> dict:
+    """Pythia's config.json spells partial rotary and the RoPE base its own way."""
+    out = dict(cfg, rotary_emb_base=cfg["rope_theta"])
+    out["rotary_pct"] = out.pop("partial_rotary_factor", 1.0)
+    return out
+
+
+def _gpt2_names(cfg: dict) -> dict:
+    """GPT-2's config.json has its own names (n_embd, n_layer, ...)."""
+    return {"architectures": cfg["architectures"], "model_type": "gpt2", "n_embd": cfg["hidden_size"],
+            "n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"],
+            "n_inner": cfg["intermediate_size"], "n_positions": cfg["max_position_embeddings"],
+            "n_ctx": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"],
+            "tie_word_embeddings": cfg["tie_word_embeddings"], "activation_function": cfg["activation_function"],
+            "layer_norm_epsilon": cfg["layer_norm_epsilon"]}
+
+
+# --- the tensor fixes: one table, on whole tensors in HF's (out, in) orientation (a vector: its rows) ----------
+#
+# Each takes (w, n_heads, n_kv_heads). `fix` of a family applies one when a Hugging Face checkpoint is
+# loaded; `Gguf.fixes` when a GGUF is converted into one (undoing what llama.cpp's converter did).
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute` (conversion/llama.py): per head, interleaved RoPE pairs -> HF's two halves."""
+    rows = w.shape[0]
+    # (n_head, head_dim/2, 2, ...) -> (n_head, 2, head_dim/2, ...)
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def neox_interleave(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's GPT-NeoX qkv reorder: rows [all q; all k; all v] -> HF's per-head [q; k; v]."""
+    d = w.shape[0] // 3 // n_head
+    # (3, H, d, ...) -> (H, 3, d, ...)
+    return w.reshape(3, n_head, d, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+
+
+def neox_group(w: np.ndarray, n_head: int) -> np.ndarray:
+    """GPT-NeoX's checkpoints interleave q, k, v per head: rows (H, 3, d) -> (3, H, d), minigen's
+    [all q; all k; all v] (what llama.cpp also writes)."""
+    d = w.shape[0] // 3 // n_head
+    return np.ascontiguousarray(w.reshape(n_head, 3, d, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape))
+
+
+FIXES = {
+    "conv1d": lambda w, heads, kv: np.ascontiguousarray(w.T),     # GPT-2's Conv1D stores (in, out)
+    "neox_qkv": lambda w, heads, kv: neox_group(w, heads),        # HF GPT-NeoX -> minigen's fused order
+    "neox_per_head": lambda w, heads, kv: neox_interleave(w, heads),  # llama.cpp's GPT-NeoX -> HF's
+    "unpermute_q": lambda w, heads, kv: unpermute(w, heads),      # llama.cpp's Llama q -> HF's
+    "unpermute_k": lambda w, heads, kv: unpermute(w, kv),         # ... and k, by KV heads
+}
+PERMUTED = {"attn_q": "unpermute_q", "attn_k": "unpermute_k"}
+
+
+# --- the table ------------------------------------------------------------------------------------------------
+
 GEMMA_FEATURES = dict(embed_scale=True)
 GEMMA_DEFAULTS = dict(head_dim=256, tie_word_embeddings=True, max_position_embeddings=8192, act="gelu_pytorch_tanh")
 
@@ -270,36 +498,49 @@ FAMILIES = {
                             mlp_bias=True),
         defaults=dict(act="gelu_new", norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=1024),
         fix={"wqkv": "conv1d", "wo": "conv1d", "w_up": "conv1d", "w_down": "conv1d"},
-        ignored=("h.{}.attn.bias", "h.{}.attn.masked_bias"), prefixes=("transformer.",)),
-    "llama": Family(LLAMA, read=_llama, ignored=LLAMA_IGNORED),
+        ignored=("h.{}.attn.bias", "h.{}.attn.masked_bias"), prefixes=("transformer.",),
+        gguf=Gguf("gpt2", "GPT2LMHeadModel", _gguf_gpt2, spell=_gpt2_names,
+                  fixes={"attn_qkv": "conv1d", "attn_output": "conv1d", "ffn_up": "conv1d", "ffn_down": "conv1d"})),
+    "llama": Family(LLAMA, read=_llama, ignored=LLAMA_IGNORED,
+                    gguf=Gguf("llama", "LlamaForCausalLM", _gguf_llama, fixes=PERMUTED, rope_factors="llama3")),
     "mistral": Family(LLAMA, read=_mistral, ignored=LLAMA_IGNORED, defaults=dict(max_position_embeddings=131072)),
     "qwen2": Family(LLAMA, features=dict(qkv_bias=True), read=_qwen, ignored=LLAMA_IGNORED,
-                    defaults=dict(max_position_embeddings=32768)),
+                    defaults=dict(max_position_embeddings=32768),
+                    gguf=Gguf("qwen2", "Qwen2ForCausalLM", _gguf_qwen2)),
     "qwen3": Family(LLAMA, features=dict(qk_norm="head"), read=_qwen, ignored=LLAMA_IGNORED,
-                    defaults=dict(head_dim=128, max_position_embeddings=32768)),
+                    defaults=dict(head_dim=128, max_position_embeddings=32768),
+                    gguf=Gguf("qwen3", "Qwen3ForCausalLM", _gguf_qwen3)),
     "gemma": Family(LLAMA, features=GEMMA_FEATURES, defaults=GEMMA_DEFAULTS, read=_gemma, norm_offset=1.0,
-                    ignored=LLAMA_IGNORED),
+                    ignored=LLAMA_IGNORED, gguf=Gguf("gemma", "GemmaForCausalLM", _gguf_gemma)),
     "gemma2": Family(SANDWICH, features=dict(GEMMA_FEATURES, post_norms=True), defaults=GEMMA_DEFAULTS,
-                     read=_gemma2, norm_offset=1.0),
+                     read=_gemma2, norm_offset=1.0, gguf=Gguf("gemma2", "Gemma2ForCausalLM", _gguf_gemma2)),
     "gemma3_text": Family(SANDWICH, features=dict(GEMMA_FEATURES, post_norms=True, qk_norm="head"),
                           defaults=dict(GEMMA_DEFAULTS, max_position_embeddings=131072), read=_gemma3,
-                          norm_offset=1.0),
+                          norm_offset=1.0, gguf=Gguf("gemma3", "Gemma3ForCausalLM", _gguf_gemma3)),
     "phi3": Family(PHI3, read=_phi3, defaults=dict(norm_eps=1e-5, max_position_embeddings=4096,
-                                                   original_max_position_embeddings=4096)),
+                                                   original_max_position_embeddings=4096),
+                   gguf=Gguf("phi3", "Phi3ForCausalLM", _gguf_phi3, rope_dims="partial", rope_factors="longrope")),
     "olmo2": Family(OLMO2, features=dict(pre_norms=False, post_norms=True, qk_norm="proj"), read=_llama,
-                    defaults=dict(norm_eps=1e-5)),
+                    defaults=dict(norm_eps=1e-5), gguf=Gguf("olmo2", "Olmo2ForCausalLM", _gguf_olmo2)),
     "gpt_neox": Family(
         NEOX, features=dict(norm="layer", mlp="plain", mlp_bias=True), read=_neox,
         defaults=dict(act="gelu", norm_eps=1e-5, partial_rotary_factor=0.25),
         fix={"wqkv": "neox_qkv", "bqkv": "neox_qkv"},
-        ignored=(_N + "attention.bias", _N + "attention.masked_bias", _N + "attention.rotary_emb.inv_freq")),
-    "smollm3": Family(LLAMA, read=_smollm3, defaults=dict(tie_word_embeddings=True, max_position_embeddings=32768)),
-    "granite": Family(LLAMA, read=_granite, ignored=LLAMA_IGNORED),
-    "granitemoe": Family(GRANITEMOE, features=dict(mlp="moe"), read=_granitemoe),
+        ignored=(_N + "attention.bias", _N + "attention.masked_bias", _N + "attention.rotary_emb.inv_freq"),
+        gguf=Gguf("gptneox", "GPTNeoXForCausalLM", _gguf_gpt_neox, fixes={"attn_qkv": "neox_per_head"},
+                  rope_dims="partial", spell=_neox_names)),
+    "smollm3": Family(LLAMA, read=_smollm3, defaults=dict(tie_word_embeddings=True, max_position_embeddings=32768),
+                      gguf=Gguf("smollm3", "SmolLM3ForCausalLM", _gguf_smollm3, fixes=PERMUTED,
+                                rope_factors="llama3")),
+    "granite": Family(LLAMA, read=_granite, ignored=LLAMA_IGNORED,
+                      gguf=Gguf("granite", "GraniteForCausalLM", _gguf_granite, fixes=PERMUTED)),
+    "granitemoe": Family(GRANITEMOE, features=dict(mlp="moe"), read=_granitemoe,
+                         gguf=Gguf("granitemoe", "GraniteMoeForCausalLM", _gguf_granitemoe, fixes=PERMUTED)),
     "olmo3": Family(OLMO2, features=dict(pre_norms=False, post_norms=True, qk_norm="proj"), read=_olmo3,
-                    defaults=dict(norm_eps=1e-5)),
+                    defaults=dict(norm_eps=1e-5)),  # GGUF: llama.cpp writes it as olmo2 (_gguf_olmo2)
     "ministral3": Family(LLAMA, read=_ministral3, defaults=dict(max_position_embeddings=262144, norm_eps=1e-5,
-                                                                head_dim=128)),
+                                                                head_dim=128),
+                         gguf=Gguf("mistral3", "Ministral3ForCausalLM", _gguf_mistral3, fixes=PERMUTED)),
 }
 
 

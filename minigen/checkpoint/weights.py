@@ -1,5 +1,5 @@
 """How HF tensors become our arrays: safetensors (single or sharded), float32/float16/bfloat16,
-the family's name table (families.py), shape checks, tied embeddings, fused projections.
+the family's name table and tensor fixes (families.py), shape checks, tied embeddings, fused projections.
 
 Layout convention: every projection is kept as HF's Linear stores it, `(out, in)`, and applied as
 `x @ w.T` (BLAS takes the transpose without a copy). GPT-2's Conv1D weights are stored `(in, out)`
@@ -18,8 +18,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from ..engine.config import Config
-from .families import WRAPPERS
-from ..errors import MiB, MinigenError, open_regular, parse_json, read_json_object, short
+from .families import FIXES, WRAPPERS
+from ..errors import MinigenError, short
+from ..files import MiB, open_regular, parse_json, read_json_object
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16 read as raw 16 bits
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -389,19 +390,7 @@ def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
             read_tensor(ref, w[start:start + ref.shape[0]])
             start += ref.shape[0]
     if src.fix:
-        w = FIXES[src.fix](w, cfg)
+        w = FIXES[src.fix](w, cfg.n_heads, cfg.n_kv_heads)
     if family.norm_offset and "norm" in key and not key.endswith("_b"):
         w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
     return w
-
-
-def _neox_qkv(w: np.ndarray, cfg: Config) -> np.ndarray:
-    """GPT-NeoX interleaves q, k, v per head: rows (H, 3, d) -> (3, H, d), our [all q; all k; all v]."""
-    H, d = cfg.n_heads, cfg.head_dim
-    return np.ascontiguousarray(w.reshape(H, 3, d, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape))
-
-
-FIXES = {
-    "conv1d": lambda w, cfg: np.ascontiguousarray(w.T),   # GPT-2's Conv1D stores (in, out)
-    "neox_qkv": _neox_qkv,
-}

@@ -8,6 +8,10 @@
 Ctrl-C while Python imports minigen's modules (numpy, tokenizers, ...: the first fraction of a second)
 exits 130 with one line, as it does while loading or generating: the imports below are the heavy
 ones, and `minigen/__init__.py` imports nothing heavy before them (its names load on first use).
+Slow work below (a conversion, a download) is reported through the `note` and `progress_bar` callbacks
+harness.py gives: nothing below the CLI prints.
+
+May import: everything (it is the top); a command imports the modules only it needs when it runs.
 """
 import sys
 

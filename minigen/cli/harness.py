@@ -3,7 +3,8 @@
 `Group.invoke` runs every command: a bad input is one line `minigen: error: ...` (exit 1), a bad option
 value a usage error naming its flag (exit 2); Ctrl-C exits 130 and SIGTERM/SIGHUP 128 + the signal,
 both by an exception, so every output file's temporary sibling is removed on the way out (files.py); a
-closed, full or broken stdout is one line (or, for a closed pipe, silence), never a traceback. Ctrl-C
+closed, full or broken stdout is one line (or, for a closed pipe, silence), never a traceback. Slow work
+below (a conversion, a download) is reported through `note` and `progress_bar`, given here. Ctrl-C
 before a command runs (while Python imports minigen, or click parses the flags) also exits 130: see
 cli/__init__.py and `Group.make_context`.
 """
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 import click
 
-from ..errors import MiB, MinigenError, OptionError, decode_utf8, read_bounded
+from ..errors import MinigenError, OptionError
+from ..files import MiB, decode_utf8, read_bounded
 
 PROMPT_LIMIT = 16 * MiB  # bytes of prompt read from a file or stdin (/dev/zero never ends)
 MODEL_HELP = "A checkpoint directory, a .gguf file or a hub id (org/name); default: the default model."
@@ -208,16 +210,29 @@ class Loaded:
     model: object
     tokenizer: object
     seconds: float      # the load itself: a GGUF's first conversion or a download is not counted
-    resolved: object    # checkpoint.Resolved: what --model named
+    resolved: object    # resolve.Resolved: what --model named
 
 
 def load_timed(spec: str | None) -> Loaded:
     """--model (a directory, a .gguf file or a hub id; None: the default model), loaded; a GGUF's first
     conversion or a download is announced on stderr and not counted as loading."""
-    from ..checkpoint.resolve import load, resolve
-    resolved = resolve(spec)
+    from ..resolve import load, resolve
+    resolved = resolve(spec, note, progress_bar())
     import numpy as np
     np.seterr(all="ignore")  # non-finite logits are reported per step (steps.py), not as numpy warnings
     start = time.perf_counter()
     model, tokenizer = load(resolved.path)
     return Loaded(model, tokenizer, time.perf_counter() - start, resolved)
+
+
+def note(message: str) -> None:
+    """What minigen's library says about slow work (a conversion, a download), on stderr."""
+    click.echo(f"minigen: {message}", err=True)
+
+
+def progress_bar():
+    """A conversion's progress bar on stderr, when stderr is a terminal (gguf.convert.Progress), else None."""
+    if not sys.stderr.isatty():
+        return None
+    return lambda label, total: click.progressbar(length=total, label=label, file=sys.stderr, show_percent=True,
+                                                  show_eta=True)

@@ -12,7 +12,7 @@ import click
 
 from ..generation.options import Options, flags_of, spec, summary
 from . import harness
-from .harness import Command, load_timed, model_option, read_prompt
+from .harness import Command, load_timed, model_option, progress_bar, read_prompt
 
 
 def run_flag(f):
@@ -178,6 +178,6 @@ def convert(source, out_dir, dtype):
     from ..gguf.convert import convert_gguf
 
     start = time.perf_counter()
-    result = convert_gguf(source, out_dir, dtype=dtype, progress=True)
+    result = convert_gguf(source, out_dir, dtype=dtype, progress=progress_bar())
     click.echo(f"wrote {result.out_dir}: {result.n_tensors} tensors, {result.n_params / 1e6:.1f}M parameters, "
                f"{result.nbytes / 1e6:.0f} MB ({dtype}) in {time.perf_counter() - start:.1f} s", err=True)

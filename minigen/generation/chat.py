@@ -22,9 +22,12 @@ from typing import Iterator, Sequence
 
 from ..engine.cache import reusable_prefix, truncate
 from ..errors import MinigenError, first_line
-from ..files import atomic_write
+from ..files import MiB, atomic_write, read_regular
 from .options import Options
 from .steps import Run, chat_ids
+
+
+CONVERSATION_LIMIT = 256 * MiB  # a saved conversation (chat --load)
 
 
 class ChatSession:
@@ -170,9 +173,10 @@ def check_messages(messages, where: str) -> list[dict]:
 
 def load_conversation(path: str | Path) -> list[dict]:
     """The messages of a conversation saved with `save_conversation` (or written by hand)."""
+    text = read_regular(path, CONVERSATION_LIMIT, "conversation file")  # names a directory, a FIFO, ...
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise MinigenError(f"{path}: not a readable JSON file ({first_line(e)})")
     return check_messages(data, str(path))
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Sequence
 
-from ..errors import MinigenError, OptionError, is_int, is_real, short
+from ..errors import MinigenError, OptionError, is_int, is_finite, short
 
 
 @dataclass(frozen=True)
@@ -81,21 +81,21 @@ class Options:
     """Everything a run can be asked for; None means the checkpoint decides (see `for_model`)."""
     max_tokens: int = option(256, _whole(0), "an integer >= 0", flags=("-m", "-n", "--max-tokens"), type=int,
                              show_default=True, help="Tokens to generate at most (>= 0).")
-    temp: float | None = option(None, _maybe(lambda v: is_real(v) and v >= 0), "a number >= 0", flags=("--temp",),
+    temp: float | None = option(None, _maybe(lambda v: is_finite(v) and v >= 0), "a number >= 0", flags=("--temp",),
                                 type=float, fallback=_from_config("temperature", 1.0, 0.0, float), show="temp {}",
                                 help="Temperature, >= 0; 0 is greedy. [default: from generation_config.json, else 0]")
     top_k: int | None = option(None, _maybe(_whole(0)), "an integer >= 0", flags=("--top-k",), type=int,
                                fallback=_from_config("top_k", 0, 0, int), show="top-k {}",
                                help="Keep the k most likely tokens (0: off).")
-    top_p: float | None = option(None, _maybe(lambda v: is_real(v) and 0 < v <= 1), "a number in (0, 1]",
+    top_p: float | None = option(None, _maybe(lambda v: is_finite(v) and 0 < v <= 1), "a number in (0, 1]",
                                  flags=("--top-p",), type=float, fallback=_from_config("top_p", 1.0, 1.0, float),
                                  show="top-p {}", help="Keep the smallest set reaching p, in (0, 1] (1: off).")
-    min_p: float | None = option(None, _maybe(lambda v: is_real(v) and 0 <= v <= 1), "a number in [0, 1]",
+    min_p: float | None = option(None, _maybe(lambda v: is_finite(v) and 0 <= v <= 1), "a number in [0, 1]",
                                  flags=("--min-p",), type=float, fallback=_from_config("min_p", 0.0, 0.0, float),
                                  show="min-p {}",
                                  help="Keep tokens at least min-p times the top one, in [0, 1] (0: off).")
     repeat_penalty: float | None = option(
-        None, _maybe(lambda v: is_real(v) and v > 0), "a number > 0", flags=("--repeat-penalty",), type=float,
+        None, _maybe(lambda v: is_finite(v) and v > 0), "a number > 0", flags=("--repeat-penalty",), type=float,
         fallback=_from_config("repetition_penalty", 1.0, 1.0, float, sampled=False), show="repeat-penalty {}",
         help="Penalise tokens seen recently, as HF's repetition_penalty, > 0 (1: off).")
     repeat_last_n: int = option(64, _whole(0), "an integer >= 0", flags=("--repeat-last-n",), type=int,

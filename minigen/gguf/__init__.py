@@ -1,6 +1,8 @@
-"""A GGUF file -> a Hugging Face directory: the architecture table (what llama.cpp did to each family's
-config and tensors, undone), the vocabulary rebuilt as a `tokenizers` file, and the streaming converter.
+"""A GGUF file -> a Hugging Face directory: typed reads of its metadata and the fields every family has
+(arch.py; what is particular to a family is its entry in checkpoint/families.py), the vocabulary rebuilt
+as a `tokenizers` file (vocab.py), the streaming converter (convert.py), and a GGUF converted once into
+the weights directory, the default model included (cache.py, default_model.py).
 
-May import: load (families and the config reader, to check what it writes), errors, files; and the
-`gguf` library, which reads the file and dequantises its tensors.
+May import: checkpoint (the families, and the config reader and weight resolver, to check what it writes),
+errors, files; and the `gguf` library, which reads the file and dequantises its tensors.
 """

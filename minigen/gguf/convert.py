@@ -1,12 +1,13 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Every GGUF architecture whose family minigen runs (archs.ARCHS: llama, qwen2, qwen3, gemma, gemma2, gemma3,
-phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package dequantises. The steps:
+Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
+qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2 (OLMo 2 and 3), gptneox, smollm3, granite, granitemoe,
+mistral3), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
      and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
   2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
-     (gguf_arch: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
+     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
      finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
      reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
      The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
@@ -17,15 +18,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ContextManager, Protocol
 
 import numpy as np
 
 from . import arch as archs
+from ..checkpoint.config import parse_config
+from ..checkpoint.families import FAMILIES, FIXES
+from ..checkpoint.weights import TensorRef, resolve
 from ..errors import MinigenError, first_line, is_int, short
-from ..files import atomic_dir
+from ..files import atomic_dir, open_regular
 from .vocab import special_ids, tokenizer_files
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -53,7 +57,7 @@ class _Tensor:
     offset: int         # absolute byte offset in the GGUF file
     row_bytes: int
     shape: tuple        # HF shape
-    fix: str | None = None     # archs.apply_fix on the whole tensor
+    fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
     up: "_Tensor | None" = None  # routed experts: the up half, written after each expert's gate rows (GraniteMoE)
 
@@ -77,10 +81,18 @@ class Plan:
         return sum(t.size for t in self.tensors)
 
 
-def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = True,
+class Progress(Protocol):
+    """A progress bar the caller gives (the CLI: click.progressbar on a terminal): called as
+    `with progress(label, total) as bar: bar.update(n)`, counting values written."""
+
+    def __call__(self, label: str, total: int) -> ContextManager: ...
+
+
+def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32", progress: Progress | None = None,
                  extra_files: dict[str, str] | None = None, plan: Plan | None = None) -> Result:
     """Convert SOURCE (a GGUF file) into OUT_DIR, which must not exist or be empty; `extra_files` ({name: text})
-    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already."""
+    are written beside the checkpoint's own; `plan`: read_plan(SOURCE), when the caller has it already;
+    `progress`: a progress bar to drive (none when None or False)."""
     source, out_dir = Path(source), Path(out_dir)
     if dtype not in DTYPES:
         raise MinigenError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
@@ -140,10 +152,9 @@ def _read_header(source: Path) -> tuple[dict, dict[str, _Info]]:
     """(metadata {key: value}, tensor directory {name: _Info}) of a GGUF file."""
     import mmap
 
-    if not source.is_file():
-        raise MinigenError(f"{source}: no such file")
+    f, _ = open_regular(source, "GGUF file")  # names a directory, a FIFO, a device... found instead
     try:
-        with open(source, "rb") as f:
+        with f:
             if f.read(4) != b"GGUF":
                 raise MinigenError(f"{source}: not a GGUF file (it does not start with the GGUF magic)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -294,10 +305,8 @@ def _check_layers(m: archs.Meta, infos: dict) -> int:
 def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[list[_Tensor], dict]:
     """Each GGUF tensor -> its HF name and shape; the rope factor tensors aside. Fails naming the first tensor
     that has no HF name, an unsupported type, more than two dimensions, or bytes past the end of the file."""
-    from ..checkpoint.families import FAMILIES
-
-    spec = archs.ARCHS[arch]
-    names = archs.tensor_names(arch, FAMILIES[spec.model_type], n_layers)
+    family = archs.family_of(arch)
+    names = archs.tensor_names(arch, family, n_layers)
     size = source.stat().st_size
     tensors, extras, ups = [], {}, {}
     for info in infos.values():
@@ -306,36 +315,35 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
             extras[info.name] = (info, row_bytes)
             continue
         if len(info.dims) == 3:  # routed experts (E, rows, cols): gate and up are merged below
-            tensors.append(_experts_tensor(info, names, rows, cols, row_bytes, spec, source))
+            tensors.append(_experts_tensor(info, names, rows, cols, row_bytes, archs.ARCHS[arch], source))
             if archs.kind(info.name) == "ffn_up_exps":
                 ups[info.name] = tensors.pop()
             continue
         hf = names.get(info.name)
         if hf is None:
-            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
+            raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {archs.ARCHS[arch]} equivalent; "
                                f"cannot convert")
-        fix = spec.fixes.get(archs.kind(info.name))
+        fix = family.gguf.fixes.get(archs.kind(info.name))
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
         shape = (cols,) if len(info.dims) == 1 else archs.fixed_shape(fix, (rows, cols))
-        norm = spec.norm_offset if info.name.endswith("norm.weight") else 0.0
+        norm = family.norm_offset if info.name.endswith("norm.weight") else 0.0
         tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
     return _merge_gate_up(tensors, ups, source), extras
 
 
-def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, spec, source: Path) -> _Tensor:
+def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, model_type: str,
+                    source: Path) -> _Tensor:
     """A 3-D experts tensor (GGUF dims cols, rows, E) in HF's (E, rows, cols). llama.cpp splits GraniteMoE's
     input_linear (E, 2F, D) into ffn_gate_exps and ffn_up_exps: the gate takes input_linear's name here, and
     the up half joins it in _merge_gate_up."""
-    from ..checkpoint.families import FAMILIES
-
     kind = archs.kind(info.name)
     hf = names.get(info.name)
     if kind in ("ffn_gate_exps", "ffn_up_exps"):  # the gguf package maps no HF name to these halves
-        template = FAMILIES[spec.model_type].tensors.get("experts_gate_up")
+        template = FAMILIES[model_type].tensors.get("experts_gate_up")
         hf = template and template.format(info.name.split(".")[1])
     if hf is None or kind not in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-        raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {spec.model_type} equivalent; "
+        raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {model_type} equivalent; "
                            f"cannot convert")
     E = info.dims[2]
     return _Tensor(info.name, hf, info.qtype, rows * E, cols, info.offset, row_bytes, (E, rows, cols))
@@ -401,16 +409,20 @@ def _config(arch: str, m: archs.Meta, infos: dict, extras: dict) -> dict:
 
 
 def _rope_from_tensors(arch: str, config: dict, m: archs.Meta, extras: dict) -> None:
-    """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling."""
+    """Llama 3's rope_freqs and Phi-3's longrope factors -> config.json's rope_scaling, for the families whose
+    entry says llama.cpp writes them (`Gguf.rope_factors`); such a tensor in another family's file is refused."""
     head_dim = config.get("head_dim")
     rope_dims = int(round(head_dim * config.get("partial_rotary_factor", 1.0))) if head_dim else 0
-    if "rope_freqs.weight" in extras:
+    kind = archs.family_of(arch).gguf.rope_factors
+    if "rope_freqs.weight" in extras and kind == "llama3":
         factors = _read_vector(m.source, *extras.pop("rope_freqs.weight"))
         if config.get("rope_scaling"):
             raise MinigenError(f"{m.source}: both rope_freqs.weight and rope.scaling.type; cannot tell which applies")
         config["rope_scaling"] = archs.llama3_rope(factors, config["rope_theta"], rope_dims, m.source)
     short, long = extras.pop("rope_factors_short.weight", None), extras.pop("rope_factors_long.weight", None)
-    if short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
+    if kind != "longrope":
+        extras.update({k + ".weight": v for k, v in (("rope_factors_short", short), ("rope_factors_long", long)) if v})
+    elif short or long or m.raw.get(f"{arch}.rope.scaling.type") == "longrope":
         vec = lambda e: None if e is None else _read_vector(m.source, *e)  # noqa: E731
         config["rope_scaling"] = archs.longrope(vec(short), vec(long), m, rope_dims // 2)
     if extras:  # a rope factor tensor this architecture does not use
@@ -457,10 +469,6 @@ def _generation_config(config: dict, special: dict) -> dict:
 def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path) -> None:
     """The converted config through minigen's own reader, and the tensors' names and shapes through its weight
     resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor."""
-    from ..checkpoint.config import parse_config
-    from ..checkpoint.families import FAMILIES
-    from ..checkpoint.weights import TensorRef, resolve
-
     cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
     family = FAMILIES[cfg.model_type]
     try:
@@ -474,7 +482,7 @@ def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], sour
 # --- writing -----------------------------------------------------------------------------------
 
 
-def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: bool) -> int:
+def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: Progress | None) -> int:
     """A minimal safetensors writer: 8-byte header length, JSON header, then each tensor's raw bytes, appended
     block by block as they are dequantised; our own writer because safetensors' numpy API refuses bfloat16."""
     itemsize = 4 if dtype == "float32" else 2
@@ -485,7 +493,8 @@ def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: bool) -> in
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # pad so the data starts 8-byte aligned
-    with open(file, "wb") as f, _Progress(plan, progress) as bar:
+    bar_of = progress or _no_progress
+    with open(file, "wb") as f, bar_of(f"converting {plan.source.name}", plan.n_params) as bar:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
         for t in plan.tensors:
@@ -514,8 +523,9 @@ def _dequantise(plan: Plan, t: _Tensor):
             raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
                                f"dequantisation; the file is damaged")
         if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
-            w = archs.apply_fix(t.fix, w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)),
-                                    plan.config)
+            heads = plan.config.get("num_attention_heads") or plan.config["n_head"]  # GPT-2 spells it n_head
+            w = FIXES[t.fix](w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)), heads,
+                             plan.config.get("num_key_value_heads", heads))
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
         yield w
@@ -554,30 +564,19 @@ def _cast(w: np.ndarray, dtype: str, where: str) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
 
 
-class _Progress:
-    """A progress bar on stderr counting values written, when enabled and stderr is a terminal."""
-
-    def __init__(self, plan: Plan, enabled: bool):
-        import click
-
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            self.bar = click.progressbar(length=plan.n_params, label=f"converting {plan.source.name}",
-                                         file=sys.stderr, show_percent=True, show_eta=True)
-
+class _NoBar:
     def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
         return self
 
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
         return False
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _no_progress(label: str, total: int) -> _NoBar:
+    return _NoBar()
 
 
 def _write_json(file: Path, obj: dict) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MinigenError
-from ..files import OutputFile
+from ..files import OutputFile, what_is_at
 from .args import selection
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
@@ -140,6 +140,8 @@ def load_attention(path: str | os.PathLike) -> dict:
     """A dump (either format) as {"layers": {l: (n_heads_kept, T, T) float32}, "token_ids", "prompt_length",
     "meta", "heads"}."""
     path = Path(path)
+    if os.path.lexists(path) and not path.is_file():  # a directory, a FIFO (np.load would wait on it), ...
+        raise MinigenError(f"{path}: is {what_is_at(path)}, not an attention dump")
     if not path.is_file():
         raise MinigenError(f"{path}: no such attention dump")
     try:

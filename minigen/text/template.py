@@ -21,7 +21,8 @@ import time
 import warnings
 from datetime import datetime
 
-from ..errors import MiB, MinigenError
+from ..errors import MinigenError
+from ..files import MiB
 
 TIME_LIMIT = 5.0             # seconds to render (real templates take milliseconds)
 MEMORY_LIMIT = 512 * MiB     # address space the renderer may add to what the process has

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import MiB, MinigenError, decode_utf8, first_line, read_json_object, read_regular, short
+from ..errors import MinigenError, first_line, short
+from ..files import MiB, decode_utf8, read_json_object, read_regular
 from .template import render_chat_template
 
 TOKENIZER_LIMIT = 256 * MiB   # tokenizer.json: Gemma 3's is 33 MB

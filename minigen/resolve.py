@@ -3,41 +3,42 @@ file, or a hub id. `resolve(spec)` turns any of them into a directory (convertin
 fetching a hub id through the Hugging Face cache); `minigen.load(spec)` returns (model, tokenizer) from it,
 as mlx-lm's `load` does. Every command's --model goes through `resolve`.
 
+Above both checkpoint/ (a directory's files) and gguf/ (a GGUF converted once), which it ties together.
+May import: checkpoint, gguf, engine, text, errors, files; huggingface_hub (when a hub id is fetched).
+
     weights/smollm2-135m-instruct           a directory: config.json, *.safetensors, tokenizer files
     SmolLM2-135M-Instruct.Q4_1.gguf         a GGUF: converted (float32) into <weights dir>/gguf/<name>-<key>/ on
                                             first use, where key hashes the file's path, size and mtime (a changed
-                                            file converts again; the stale conversion is removed)
+                                            file converts again; the stale conversion is removed): gguf/cache.py
+    (none)                                  the default model (gguf/default_model.py)
     HuggingFaceTB/SmolLM2-360M-Instruct     a hub id: the files minigen reads, from the Hugging Face cache, fetched
                                             into it when the network is allowed (HF_HUB_OFFLINE=1: cache only)
     org/name/file.gguf                      a GGUF file of a hub repository: fetched, then as a GGUF
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from os import PathLike
 import re
-import shutil
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from .config import load_config, parse_generation_config
-from ..errors import MinigenError, read_json_object
-from .families import FAMILIES
-from ..engine.model import Model
-from ..engine.parallel import release_free_heap
-from ..text.tokenizer import Tokenizer
-from .weights import load_params
+from .checkpoint.config import load_config, parse_generation_config
+from .checkpoint.families import FAMILIES
+from .checkpoint.weights import load_params
+from .engine.model import Model
+from .engine.parallel import release_free_heap
+from .errors import MinigenError
+from .files import read_json_object, what_is_at
+from .gguf.cache import Note, gguf_checkpoint
+from .gguf.convert import Progress
+from .gguf.default_model import default_model_path
+from .text.tokenizer import Tokenizer
 
 # what minigen reads from a hub repository (model-*.safetensors: shards; not consolidated.safetensors duplicates)
 HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "chat_template.jinja", "model.safetensors", "model.safetensors.index.json",
              "model-*.safetensors"]
-CONVERTER_VERSION = 2  # part of a GGUF's cache key: a conversion made by an older converter is redone
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w./-]+\.gguf)?")
 
 
@@ -51,7 +52,8 @@ class Resolved:
 
 def load(spec: str | PathLike) -> tuple[Model, Tokenizer]:
     """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id; MinigenError naming the
-    file at fault. (The default model: `load(default_model.default_model_path())`.)"""
+    file at fault. (The default model: `load(gguf.default_model.default_model_path())`.) A GGUF's first
+    conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it."""
     if not isinstance(spec, (str, PathLike)):
         raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "
                            f"a path), got {type(spec).__name__}")
@@ -87,19 +89,21 @@ def generation_config(path: Path) -> dict:
 
 # --- resolving --model ----------------------------------------------------------------------------------
 
-def resolve(spec: str | Path | None, note: Callable[[str], None] | None = None, progress: bool | None = None) -> Resolved:
-    """The checkpoint directory `spec` names. `note` receives one-line messages about slow work (a
-    conversion, a download; default: printed to stderr); `progress` shows a conversion's progress bar
-    (default: when stderr is a terminal)."""
-    note = note or _stderr
-    progress = sys.stderr.isatty() if progress is None else progress
+def resolve(spec: str | Path | None, note: Note | None = None, progress: Progress | None = None) -> Resolved:
+    """The checkpoint directory `spec` names (None: the default model). `note` receives one-line messages
+    about slow work (a conversion, a download), `progress` drives a conversion's progress bar (gguf.convert's
+    Progress); without them nothing is said (the CLI gives both)."""
+    note = note or (lambda message: None)
     if spec is None:
-        from .default_model import default_model_path
-        path = default_model_path()  # shows progress when stderr is a terminal
+        path = default_model_path(note, progress)
         return Resolved(path, "default", f"the default model, {path}")
     path = Path(spec)
     if path.is_dir():
+        if path.suffix.lower() == ".gguf" and not os.path.lexists(path / "config.json"):
+            raise MinigenError(f"{path}: is a directory, not a GGUF file (nor a checkpoint directory: no config.json)")
         return Resolved(path, "directory", f"checkpoint directory {path}")
+    if os.path.lexists(path) and not path.is_file():  # a FIFO, a device, a socket, a broken symbolic link
+        raise MinigenError(f"{path}: is {what_is_at(path)}, not a checkpoint directory or a GGUF file")
     if path.is_file():
         if not _is_gguf(path):
             raise MinigenError(f"{path}: not a checkpoint directory or a GGUF file")
@@ -118,71 +122,6 @@ def _is_gguf(path: Path) -> bool:
         raise MinigenError(f"{path}: cannot read it ({e.strerror or e})")
 
 
-def _stderr(message: str) -> None:
-    print(f"minigen: {message}", file=sys.stderr, flush=True)
-
-
-# --- GGUF files: converted once into a cache ----------------------------------------------------------------
-
-def gguf_cache_dir() -> Path:
-    """Where converted GGUFs live: <weights dir>/gguf (see default_model.weights_dir; MINIGEN_WEIGHTS moves it)."""
-    from .default_model import weights_dir
-    return weights_dir() / "gguf"
-
-
-def gguf_checkpoint(source: Path, note: Callable[[str], None], progress: bool) -> Path:
-    """The converted checkpoint of a GGUF file, converting it on first use (and after the file changes)."""
-    from ..gguf.convert import convert_gguf, read_plan
-    from .default_model import is_converted
-
-    identity = _identity(source)
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    out = gguf_cache_dir() / f"{_slug(source.stem)}-{key}"
-    if is_converted(out):
-        return out
-    plan = read_plan(source)  # a damaged file fails here, before anything is announced or written
-    if sys.stderr.isatty():  # beside the progress bar; otherwise said once it worked, so that a file damaged
-        # in its tensor data (found only while converting) still gives a one-line error
-        note(f"converting {source.name} into {out} (float32, done once for this file)")
-    start = time.perf_counter()
-    try:
-        result = convert_gguf(source, out, "float32", progress, plan=plan,
-                              extra_files={"minigen-source.json": json.dumps(identity, indent=2) + "\n"})
-    except MinigenError:
-        if is_converted(out):  # another process converted it at the same time: use theirs
-            return out
-        raise
-    note(f"converted {source.name} into {out} (float32, done once for this file) in "
-         f"{time.perf_counter() - start:.1f} s ({result.nbytes / 1e6:.0f} MB)")
-    _remove_stale(out, identity["path"], note)
-    return out
-
-
-def _identity(source: Path) -> dict:
-    st = source.stat()
-    return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "converter": CONVERTER_VERSION}
-
-
-def _slug(stem: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", stem)[:80] or "model"
-
-
-def _remove_stale(keep: Path, source_path: str, note: Callable[[str], None]) -> None:
-    """Conversions of earlier versions of the same file: they would never be used again."""
-    for d in keep.parent.iterdir():
-        marker = d / "minigen-source.json"
-        if d == keep or not marker.is_file():
-            continue
-        try:
-            stale = json.loads(marker.read_text(encoding="utf-8")).get("path") == source_path
-        except (OSError, ValueError, AttributeError):
-            continue
-        if stale:
-            shutil.rmtree(d, ignore_errors=True)
-            note(f"removed {d}, the conversion of an earlier version of that file")
-
-
 # --- hub ids: the Hugging Face cache -------------------------------------------------------------------------
 
 def hub_cache_dir() -> Path:
@@ -198,7 +137,7 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _hub(spec: str, note: Callable[[str], None], progress: bool) -> Resolved:
+def _hub(spec: str, note: Note, progress: Progress | None) -> Resolved:
     """org/name -> its snapshot in the HF cache; org/name/file.gguf -> that file, then converted."""
     parts = spec.split("/")
     repo, filename = "/".join(parts[:2]), "/".join(parts[2:]) or None
