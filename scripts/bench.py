@@ -232,7 +232,7 @@ def moe_ids(args) -> list[int]:
 
 def worker_moe_minigen(args) -> dict:
     import minigen  # first: it sets OpenBLAS up before NumPy loads it
-    from minigen.checkpoint.resolve import load_model
+    from minigen.resolve import load_model
     import numpy as np
 
     model = load_model(args.model)
