@@ -2,6 +2,7 @@
 
     python scripts/bench.py                                   # the default model; 128, 512, 2048, 4096 tokens
     python scripts/bench.py --lengths 512 --rounds 5 --engines minigen,transformers
+    python scripts/bench.py --moe --lengths 512                # routed experts: GraniteMoE prefill
 
 For each prompt length: prefill tokens/s (one forward over the prompt) and decode tokens/s (--gen-tokens
 greedy tokens after it, through the KV cache); medians over --rounds. Each engine runs in a process of its
@@ -542,11 +543,107 @@ def hybrid_report(rows: list, args):
                 print(f"{name}: greedy tokens after {n}: " + ("identical" if same is None else f"differ from token {same}"))
 
 
+# --- routed experts (--moe): prefill of a GraniteMoE checkpoint against transformers --------------------------
+#
+# No MoE weights ship with minigen, so the checkpoint is made here: granite-3.1-1b-a400m's layer shape
+# (hidden 1024, 16:8 heads, 32 experts of width 512, top 8, its vocabulary and multipliers) with --moe-layers
+# of its 24 layers and random weights, saved by transformers into weights/bench-moe/ once. Both engines
+# run the same prompt of random ids; transformers with its default attention (sdpa), float32.
+
+MOE_CONFIG = dict(vocab_size=49155, hidden_size=1024, intermediate_size=512, num_attention_heads=16,
+                  num_key_value_heads=8, num_local_experts=32, num_experts_per_tok=8, max_position_embeddings=4096,
+                  embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+                  logits_scaling=6.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def worker_moe_make(args) -> dict:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GraniteMoeConfig(num_hidden_layers=args.moe_layers, **MOE_CONFIG)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+    model.save_pretrained(args.model)
+    return dict(params=sum(p.numel() for p in model.parameters()))
+
+
+def moe_ids(args) -> list[int]:
+    import random
+    rng = random.Random(0)
+    return [rng.randrange(MOE_CONFIG["vocab_size"]) for _ in range(max(args.lengths))]
+
+
+def worker_moe_minigen(args) -> dict:
+    import minigen  # first: it sets OpenBLAS up before NumPy loads it
+    from minigen.resolve import load_model
+    import numpy as np
+
+    model = load_model(args.model)
+    ids = np.array(moe_ids(args))
+    out = {}
+    model.forward(ids[:WARMUP], model.make_cache(WARMUP), last_only=True)
+    for n in args.lengths:
+        start = time.perf_counter()
+        model.forward(ids[:n], model.make_cache(n), last_only=True)
+        out[n] = dict(prefill=n / (time.perf_counter() - start))
+    return dict(lengths=out)
+
+
+def worker_moe_transformers(args) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()  # sdpa
+    ids = torch.tensor([moe_ids(args)])
+    out = {}
+    with torch.inference_mode():
+        model(ids[:, :WARMUP], use_cache=True)
+        for n in args.lengths:
+            start = time.perf_counter()
+            model(ids[:, :n], use_cache=True)
+            out[n] = dict(prefill=n / (time.perf_counter() - start))
+    return dict(lengths=out, attention=model.config._attn_implementation,
+                versions=f"transformers {transformers.__version__}, torch {torch.__version__}")
+
+
+def moe_section(args) -> None:
+    """--moe: prefill tok/s of minigen and transformers on a GraniteMoE checkpoint, medians over rounds,
+    the engines taking turns; one table with the ratio."""
+    args.model = ROOT / "weights" / f"bench-moe-{args.moe_layers}"
+    if not (args.model / "config.json").is_file():
+        print(f"making {args.model} (granite-3.1-1b-a400m's layers, {args.moe_layers} of them) ...", file=sys.stderr)
+        if run_worker("moe-make", args.hf_python, args) is None:
+            sys.exit(1)
+    runs = {"minigen": [], "transformers": []}
+    for r in range(args.rounds):
+        for engine in runs:
+            print(f"moe round {r + 1}/{args.rounds}: {engine} ...", file=sys.stderr, flush=True)
+            result = run_worker("moe-" + engine, sys.executable if engine == "minigen" else args.hf_python, args)
+            if result is not None:
+                runs[engine].append(result)
+    if not all(runs.values()):
+        sys.exit(1)
+    attention = runs["transformers"][0]["attention"]
+    print(f"\nGraniteMoE prefill, tokens/s ({args.model.name}: 32 experts, top 8, hidden 1024; float32, "
+          f"{args.threads} threads; transformers attention: {attention}; medians of {args.rounds} rounds)\n")
+    print("| prompt | minigen | transformers | minigen / transformers |")
+    print("|---|---|---|---|")
+    for n in args.lengths:
+        m, t = (statistics.median(r["lengths"][str(n)]["prefill"] for r in runs[e]) for e in runs)
+        print(f"| {n} | {m:.0f} | {t:.0f} | {m / t:.2f} |")
+
+
 WORKERS = {"forward-k": worker_forward_k, "lookup": worker_lookup, "lookup-hf": worker_lookup_hf,
            "batch": worker_batch, "batch-hf": worker_batch_hf,
            "minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
            "chart": worker_chart, "hybrid-minigen": worker_hybrid_minigen,
-           "hybrid-transformers": worker_hybrid_transformers}
+           "hybrid-transformers": worker_hybrid_transformers, "moe-make": worker_moe_make,
+           "moe-minigen": worker_moe_minigen, "moe-transformers": worker_moe_transformers}
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------
@@ -605,7 +702,7 @@ def run_worker(name: str, python: str, args, stdin: str | None = None, lengths: 
            "MKL_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     cmd = [python, __file__, "--worker", name, "--model", str(args.model), "--threads", str(args.threads),
            "--gen-tokens", str(args.gen_tokens), "--lengths", ",".join(map(str, lengths or args.lengths)),
-           "--prompts", str(args.prompts), "--chart", str(args.chart)]
+           "--prompts", str(args.prompts), "--chart", str(args.chart), "--moe-layers", str(args.moe_layers)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
         print(f"{name}: failed:\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -698,6 +795,9 @@ def main():
     ap.add_argument("--hybrid", action="store_true",
                     help="Instead: hybrid families (random weights in real configs) against transformers.")
     ap.add_argument("--hybrid-models", default=",".join(HYBRID_CONFIGS), help="With --hybrid: which configs.")
+    ap.add_argument("--moe", action="store_true",
+                    help="Instead: routed-experts prefill (a GraniteMoE checkpoint made here) against transformers.")
+    ap.add_argument("--moe-layers", type=int, default=4, help="Layers of the --moe checkpoint (default 4 of 24).")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -711,6 +811,12 @@ def main():
         if not args.hf_python:
             sys.exit("bench --hybrid: no interpreter with torch and transformers (--hf-python)")
         return run_hybrid(args)
+    if args.moe:
+        args.hf_python = find_hf_python(args.hf_python)
+        if not args.hf_python:
+            sys.exit("bench --moe: no interpreter with torch and transformers (--hf-python)")
+        moe_section(args)
+        return
     if args.model is None:
         from minigen.gguf.default_model import default_model_path
         args.model = default_model_path()

@@ -162,6 +162,42 @@ SPECS = {
                                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                             no_rope_layer_interval=4, max_position_embeddings=512,
                                             tie_word_embeddings=True, rope_theta=2e6, **s)),
+    # Granite's four multipliers (attention.scale, embedding_scale, residual_scale, logit_scale), q/k permuted
+    "granite": dict(bpe="granite", pre="gpt-2", outtype="f16", ref="transformers-hf", family="granite",
+                    config=lambda v, s: cfg("GraniteConfig", vocab_size=v, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=512, embedding_multiplier=12.0,
+                                            attention_multiplier=0.015625, residual_multiplier=0.22,
+                                            logits_scaling=8.0, tie_word_embeddings=False, **s)),
+    # GraniteMoE: the multipliers and 4 experts top 2, input_linear split by llama.cpp into gate and up halves
+    "granitemoe": dict(bpe="granitemoe", pre="gpt-2", outtype="f16", ref="transformers-hf", family="granitemoe",
+                       config=lambda v, s: cfg("GraniteMoeConfig", vocab_size=v, hidden_size=64, intermediate_size=32,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               num_local_experts=4, num_experts_per_tok=2,
+                                               max_position_embeddings=512, embedding_multiplier=12.0,
+                                               attention_multiplier=0.015625, residual_multiplier=0.22,
+                                               logits_scaling=8.0, tie_word_embeddings=False, **s)),
+    # OLMo 3 (written as olmo2 with a sliding window): windows of 8 on layers 0-2, YaRN on the full layer 3
+    "olmo3": dict(bpe="olmo3", pre="dbrx", outtype="f16", ref="transformers-hf", family="olmo3",
+                  config=lambda v, s: cfg("Olmo3Config", vocab_size=v, hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=8,
+                                          rope_parameters={"full_attention": {
+                                              "rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                              "original_max_position_embeddings": 16, "beta_fast": 16.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}},
+                                          **s)),
+    # Ministral 3's text model: YaRN (mscale_all_dim as yarn_log_multiplier) and llama 4's query scale
+    # (attention.temperature_scale), original context 16 so that the prompt's positions are scaled
+    "mistral3": dict(bpe="ministral3", pre="gpt-2", outtype="f16", ref="transformers-hf", family="ministral3",
+                     config=lambda v, s: cfg("Ministral3Config", vocab_size=v, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=16, max_position_embeddings=512, tie_word_embeddings=False,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0,
+                                                              "factor": 16.0, "original_max_position_embeddings": 16,
+                                                              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                                              "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
+                                             **s)),
     # every tensor type llama-quantize makes without an importance matrix, one per matrix (rows of 256 for K-quants)
     "quants": dict(bpe="llama_gqa3", pre="smollm", outtype="f32", ref="transformers-gguf", family="llama",
                    config=lambda v, s: cfg("LlamaConfig", vocab_size=v, hidden_size=256, intermediate_size=64,

@@ -38,7 +38,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 T = 8
 O_PROJ = re.compile(r"(?:layers|h)\.(\d+)\.(?:self_attn\.o_proj|attn\.c_proj|attention\.dense)$")
 FAMILIES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
-            "gpt_neox", "smollm3"}
+            "gpt_neox", "smollm3", "granite", "granitemoe", "olmo3", "ministral3"}
 
 
 PREFERRED = {"llama": "llama_gqa3"}  # the llama fixture with GQA; the other llama variants test loading
@@ -90,7 +90,7 @@ def final_norm(model) -> torch.nn.Module:
 
 
 def unembed(model, h: torch.Tensor) -> torch.Tensor:
-    logits = model.get_output_embeddings()(final_norm(model)(h))
+    logits = model.get_output_embeddings()(final_norm(model)(h)) / getattr(model.config, "logits_scaling", 1.0)
     cap = getattr(model.config, "final_logit_softcapping", None)
     return cap * torch.tanh(logits / cap) if cap else logits
 

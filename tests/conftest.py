@@ -32,6 +32,19 @@ FIXTURES = {
     "gpt_neox_v4": "gpt_neox",
     "smollm3": "smollm3",
     "smollm3_v4": "smollm3",
+    "granite": "granite",
+    "granite_v4": "granite",
+    "granitemoe": "granitemoe",
+    "granitemoe_v4": "granitemoe",
+    "olmo3": "olmo3",
+    "olmo3_v4": "olmo3",
+    "ministral3": "ministral3",
+    "mistral3": "ministral3",       # the multimodal wrapper, hub layout (language_model.model.*), 4.x spelling
+    "mistral3_v5": "ministral3",    # the wrapper in transformers 5's layout (model.language_model.*)
+    "gemma3": "gemma3_text",        # Gemma3ForConditionalGeneration, hub layout, 4.x spelling
+    "gemma3_v5": "gemma3_text",
+    "llama_yarn": "llama",
+    "qwen2_yarn_v4": "qwen2",
 }
 # the families whose layers are not all attention (scripts/make_hybrid_fixtures.py)
 HYBRID_FIXTURES = {

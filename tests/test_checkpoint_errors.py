@@ -111,9 +111,9 @@ def test_corrupt_tokenizer(ckpt):
 
 
 def test_unsupported_rope_type(ckpt):
-    cfg = {**tiny_checkpoint.CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    cfg = {**tiny_checkpoint.CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    fails(ckpt, "config.json", "'yarn'")
+    fails(ckpt, "config.json", "'dynamic'")
 
 
 def test_unsupported_dtype(ckpt):

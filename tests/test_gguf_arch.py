@@ -102,11 +102,33 @@ def test_smollm3_has_no_rope_on_every_fourth_layer_as_llama_cpp():
     assert [r is None for r in c.rope] == [False, False, False, True] * 2
 
 
-def test_olmo3_is_refused_by_name():
-    kv = dict(block_count=4, embedding_length=64, feed_forward_length=128, context_length=4096,
-              **{"attention.head_count": 4, "attention.layer_norm_rms_epsilon": 1e-6, "attention.sliding_window": 64})
-    with pytest.raises(MinigenError, match="olmo2.attention.sliding_window is set: this is an OLMo 3"):
-        family_config("olmo2", meta("olmo2", **kv), tensors(hidden=64))
+def test_an_olmo2_file_with_a_window_is_olmo3_as_llama_cpp_reads_it():
+    kv = dict(block_count=8, embedding_length=64, feed_forward_length=128, context_length=4096,
+              **{"attention.head_count": 4, "attention.layer_norm_rms_epsilon": 1e-6, "attention.sliding_window": 64,
+                 "rope.freq_base": 5e5, "rope.freq_base_swa": 1e4, "rope.scaling.type": "yarn",
+                 "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 512})
+    c = parse_config(family_config("olmo2", meta("olmo2", **kv), tensors(hidden=64)))
+    assert c.model_type == "olmo3" and c.sliding_window == 64
+    assert "".join("S" if c.is_sliding(i) else "F" for i in range(8)) == "SSSF" * 2   # llama.cpp's period 4
+    assert {(r.kind, r.theta) for r, t in zip(c.rope, c.layer_types) if t == "sliding_attention"} == {("default", 1e4)}
+    assert {(r.kind, r.theta, r.factor, r.original_max) for r, t in zip(c.rope, c.layer_types)
+            if t == "full_attention"} == {("yarn", 5e5, 8.0, 512)}
+    plain = parse_config(family_config("olmo2", meta("olmo2", **{k: v for k, v in kv.items()
+                                                                 if "sliding" not in k}), tensors(hidden=64)))
+    assert plain.model_type == "olmo2"
+
+
+def test_an_mmproj_file_is_refused_for_what_it_is(tmp_path):
+    import gguf
+    from minigen.gguf.convert import read_plan
+
+    w = gguf.GGUFWriter(str(tmp_path / "mmproj-model-f16.gguf"), "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_tensor("v.patch_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(MinigenError, match="multimodal projector \\(mmproj\\) file"):
+        read_plan(tmp_path / "mmproj-model-f16.gguf")
 
 
 def test_unpermute_inverts_llama_cpp_permute():
@@ -139,7 +161,7 @@ def test_one_registry():
     one table, and only a family with parameters llama.cpp writes as tensors accepts them."""
     assert ARCHS == {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
                      "gemma3": "gemma3_text", "phi3": "phi3", "gpt2": "gpt2", "olmo2": "olmo2", "gptneox": "gpt_neox",
-                     "smollm3": "smollm3"}
+                     "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "mistral3": "ministral3"}
     for name, family in FAMILIES.items():
         assert set(family.fix.values()) <= set(FIXES), name
         if family.gguf:

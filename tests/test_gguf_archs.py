@@ -25,7 +25,8 @@ NAMES = sorted(ARCHS)
 # GGUF architecture -> what it must become (every architecture of gguf_arch.ARCHS has a fixture)
 FAMILY = {"llama": "llama", "llama_bias": "llama", "llama3_rope": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
           "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "phi3_longrope": "phi3",
-          "gpt2": "gpt2", "olmo2": "olmo2", "gpt_neox": "gpt_neox", "smollm3": "smollm3", "quants": "llama"}
+          "gpt2": "gpt2", "olmo2": "olmo2", "gpt_neox": "gpt_neox", "smollm3": "smollm3", "quants": "llama",
+          "granite": "granite", "granitemoe": "granitemoe", "olmo3": "olmo3", "mistral3": "ministral3"}
 
 
 @pytest.fixture(scope="module")

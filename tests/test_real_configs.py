@@ -116,6 +116,21 @@ EXPECTED.update({
        for name, layers, heads, hidden in [("pythia-70m", 6, 8, 512), ("pythia-160m", 12, 12, 768),
                                            ("pythia-410m", 24, 16, 1024), ("pythia-1b", 16, 8, 2048)]},
 })
+# Issue 19's families. Granite's attention scale is attention_multiplier (1/64: "scale" 4096); Qwen2.5 with the
+# YaRN block its model card says to add (factor 4 over 32768; attention factor 0.1 ln 4 + 1).
+YARN_QWEN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+             "attention_factor": 0.1 * math.log(4.0) + 1}
+EXPECTED.update({
+    "granite-3.1-1b-a400m-instruct": dict(layers=24, heads=16, kv=8, hd=64, hidden=1024, inter=512, vocab=49155,
+                                          theta=1.5e6, scaling=None, tied=True, window=None, act="silu", eos=(0,),
+                                          eps=1e-6, scale=4096, multipliers=(12.0, 0.22, 6.0), experts=(32, 8)),
+    "granite-3.3-2b-instruct": dict(layers=40, heads=32, kv=8, hd=64, hidden=2048, inter=8192, vocab=49159,
+                                    theta=1e7, scaling=None, tied=True, window=None, act="silu", eos=(), eps=1e-5,
+                                    scale=4096, multipliers=(12.0, 0.22, 8.0)),
+    "Qwen2.5-1.5B-Instruct-yarn": dict(layers=28, heads=12, kv=2, hd=128, hidden=1536, inter=8960, vocab=151936,
+                                       theta=1e6, scaling=YARN_QWEN, tied=True, window=None, act="silu",
+                                       eos=(151645,), eps=1e-6),
+})
 QKV_BIAS = ("Qwen2", "gpt2", "distilgpt2", "pythia")  # names starting so have q/k/v biases
 
 REAL_FIXTURES = ["real_gpt2", "real_qwen2_5", "real_llama3_2", "real_mistral_v0_1", "real_gemma_7b"]
@@ -128,10 +143,14 @@ def test_every_real_config_has_expectations_and_a_layout():
 
 
 def rope_scaling(r) -> tuple | None:
-    """A Rope's scaling, or the expectation's dict, as comparable tuples."""
+    """A Rope's scaling, or the expectation's dict, as comparable tuples (YaRN: its attention factor, rounded)."""
     if r is None or isinstance(r, dict):
+        if r and r["rope_type"] == "yarn":
+            return "yarn", r["factor"], r["original_max_position_embeddings"], round(r["attention_factor"], 12)
         return r and (r["rope_type"], r["factor"], r["low_freq_factor"], r["high_freq_factor"],
                       r["original_max_position_embeddings"])
+    if r.kind == "yarn":
+        return "yarn", r.factor, r.original_max, round(r.attention_factor, 12)
     return None if r.kind == "default" else (r.kind, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max)
 
 
@@ -170,6 +189,10 @@ def test_real_config_reads_as_by_hand(name):
     assert c.norm_eps == pytest.approx(e["eps"])
     assert c.positions == ("learned" if name.endswith("gpt2") else "rope")
     assert c.qkv_bias is name.startswith(QKV_BIAS)
+    m = e.get("multipliers", (1.0, 1.0, 1.0))   # embedding, residual, logits_scaling
+    assert (c.embed_multiplier, c.residual_multiplier, c.logits_multiplier) == (m[0], m[1], pytest.approx(1 / m[2]))
+    assert (c.mlp == "moe", c.n_experts, c.experts_per_token) == ((True, *e["experts"]) if "experts" in e else
+                                                                 (False, 0, 0))
 
 
 @pytest.mark.parametrize("name", shrink.NAMES)

@@ -11,14 +11,14 @@ Both generations of transformers' config.json are read: `rope_theta` / `rope_sca
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from ..engine.config import MAX_LAYERS, Config
 from ..engine.layers import ACTIVATIONS
-from ..errors import MinigenError, is_finite, is_int, is_number, is_positive
+from ..errors import MinigenError, is_finite, is_int, is_number, is_positive, short
 from ..files import read_json_object
-from .families import FAMILIES
+from .families import FAMILIES, WRAPPERS
 from .fields import Fields
 from .rope import read_rope
 
@@ -35,12 +35,16 @@ def load_config(path: str | Path) -> Config:
 def parse_config(raw: dict, where: str = "config.json") -> Config:
     """config.json's fields -> Config: the sizes every family has, then the family's own reading."""
     model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type in WRAPPERS:
+        if "text_config" not in raw:
+            raise MinigenError(f"{where}: model_type {model_type!r} is a multimodal checkpoint, and minigen reads its "
+                               f"language model from 'text_config', which is missing")
+        return parse_wrapped(raw, where)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
-        raise MinigenError(f"{where}: unsupported model_type {model_type!r} (minigen supports {known})")
+        raise MinigenError(f"{where}: unsupported model_type {short(model_type)} (minigen supports {known}, and the "
+                           f"language model of {', '.join(sorted(WRAPPERS))} checkpoints)")
     family = FAMILIES[model_type]
-    if family.nested:
-        raw = nested_fields(raw, family.nested, where)
     get = Fields(raw, where)
     hidden = get.int("hidden_size", "n_embd")
     n_heads = get.int("num_attention_heads", "n_head")
@@ -78,17 +82,22 @@ def parse_config(raw: dict, where: str = "config.json") -> Config:
     return Config(**f)
 
 
-def nested_fields(raw: dict, key: str, where: str) -> dict:
-    """A multimodal config.json (Qwen3.5 as published): the text model's fields live under `key`; the
-    top level's tie_word_embeddings and architectures are the ones transformers uses."""
-    text = raw.get(key)
-    if not isinstance(text, dict):
-        raise MinigenError(f"{where}: field {key!r} should be an object holding the text model's settings")
-    fallback = {k: raw[k] for k in ("eos_token_id", "bos_token_id") if k in raw}
-    top = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), "model_type": raw["model_type"]}
-    if "architectures" in raw:
-        top["architectures"] = raw["architectures"]
-    return {**fallback, **text, **top}
+def parse_wrapped(raw: dict, where: str) -> Config:
+    """A multimodal checkpoint's config.json -> the Config of its language model (text_config), with what
+    the top level decides: tying (the wrapper's default when absent, as transformers reads it), the
+    architectures, and the image tokens a prompt must not hold."""
+    wrapper = WRAPPERS[raw["model_type"]]
+    get = Fields(raw, where)
+    text = dict(get.dict("text_config"))
+    text.setdefault("model_type", wrapper.text_model_type)
+    text["tie_word_embeddings"] = get.bool("tie_word_embeddings", default=wrapper.tie_word_embeddings)
+    for name in ("bos_token_id", "eos_token_id"):
+        if text.get(name) is None and raw.get(name) is not None:
+            text[name] = raw[name]
+    text["architectures"] = get.strings("architectures")
+    images = {get.token_id(name) for name in ("image_token_id", "image_token_index")} - {None}
+    cfg = parse_config(text, f"{where} (text_config)")
+    return replace(cfg, wrapper=raw["model_type"], image_token_ids=tuple(sorted(images)))
 
 
 GENERATION_FIELDS = {  # generation_config.json fields minigen uses: (check, what they should be)

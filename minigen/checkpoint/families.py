@@ -18,12 +18,15 @@ kind. What llama.cpp did, per family:
 
     llama, smollm3   q/k rows permuted so each head's two RoPE halves interleave ("normal" RoPE): unpermute
                      Llama 3-style RoPE scaling written as per-frequency factors (rope_freqs), not parameters
+    granite, mistral3  q/k permuted, as llama (mistral3: the text GGUF of Ministral 3)
+    granitemoe       q/k permuted; each layer's input_linear (E, 2F, D) split into ffn_gate_exps and
+                     ffn_up_exps (minigen/gguf/convert.py joins them again)
     gemma, gemma2/3  every norm weight stored as 1 + w (norm_offset)
     gpt2             Conv1D weights transposed to (out, in)
     gpt_neox         the fused query_key_value rows reordered from per-head [q; k; v] to [all q; all k; all v]
     phi3             nothing to the matrices (qkv_proj and gate_up_proj stay fused); longrope's factors
                      written as tensors (rope_factors_long/short)
-    qwen2/3, olmo2   nothing
+    qwen2/3, olmo2   nothing; an olmo2 file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
 Tensor names are not written by hand: the `gguf` package's own table (gguf.TensorNameMap, the one
 convert_hf_to_gguf.py renames with) maps each of the family's HF names to its GGUF name.
 
@@ -37,11 +40,16 @@ Canonical names, per layer unless global:
                                                            depthwise conv (C, K), output projection
     A_log, dt_bias, D, gate_norm                           Gated DeltaNet / Mamba2: decay, step bias, skip,
                                                            the output's gated RMSNorm
+    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F)
+
+A multimodal checkpoint (`WRAPPERS`: Gemma 3, Mistral 3, Qwen3.5) is read as its language model: its
+config.json's `text_config` is the family's config, its tensors under the language model's prefix are the
+family's tensors, and the vision tower and projector are left unread.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -49,7 +57,7 @@ import numpy as np
 from .fields import Fields
 from .rope import read_rope, rope_parameters
 from ..engine.config import DeltaNet, Mamba, ShortConv
-from ..errors import MinigenError
+from ..errors import MinigenError, is_number, short
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,6 @@ class Family:
     prefixes: tuple = ()                          # stripped from tensor names when present
     norm_offset: float = 0.0
     plain_norms: tuple = ()                       # norms norm_offset leaves alone (Qwen3.5's gated one)
-    nested: str | None = None                     # the config.json object holding the text model's fields
     skipped: tuple = ()                           # tensor-name prefixes not loaded (a vision tower, MTP heads)
     gguf: Gguf | None = None                      # None: llama.cpp writes none (or as another family)
 
@@ -131,6 +138,15 @@ NEOX = {
     "w_up": _N + "mlp.dense_h_to_4h.weight", "b_up": _N + "mlp.dense_h_to_4h.bias",
     "w_down": _N + "mlp.dense_4h_to_h.weight", "b_down": _N + "mlp.dense_4h_to_h.bias",
 }
+
+
+GRANITEMOE = {k: v for k, v in _llama_tensors(
+    router="model.layers.{}.block_sparse_moe.router.layer.weight",
+    experts_gate_up="model.layers.{}.block_sparse_moe.input_linear.weight",
+    experts_down="model.layers.{}.block_sparse_moe.output_linear.weight").items()
+    if not k.startswith(("w_gate_up", "b_gate_up", "w_down", "b_down"))}
+PHI3 = _llama_tensors(wqkv="model.layers.{}.self_attn.qkv_proj.weight",
+                      w_gate_up="model.layers.{}.mlp.gate_up_proj.weight")
 
 
 # --- config quirks ----------------------------------------------------------------------------------
@@ -232,6 +248,69 @@ def _smollm3(get, f):
             "layer_types": _layer_types(get, f, lambda i: window is not None and not uses[i])}
 
 
+def _granite(get, f):
+    """Granite's four multipliers: embeddings x embedding_multiplier, scores x attention_multiplier (instead
+    of 1/sqrt(head_dim)), both blocks' outputs x residual_multiplier, logits / logits_scaling. transformers'
+    defaults are 1.0 for all four (attention_multiplier too: not 1/sqrt(head_dim))."""
+    return {**_biases(get, f), **granite_multipliers(get)}
+
+
+def granite_multipliers(get) -> dict:
+    """Granite's multipliers in minigen's names (granite, granitemoe, granitemoehybrid)."""
+    return {"attn_scale": get.float("attention_multiplier", default=1.0),
+            "embed_multiplier": get.number("embedding_multiplier", default=1.0),
+            "residual_multiplier": get.number("residual_multiplier", default=1.0),
+            "logits_multiplier": 1.0 / get.float("logits_scaling", default=1.0)}
+
+
+def _granitemoe(get, f):
+    out = {**_granite(get, f), **_experts(get, "num_local_experts", 8, "num_experts_per_tok", 2)}
+    out["mlp_bias"] = False  # GraniteMoE has no mlp_bias (a field its config does not read)
+    return out
+
+
+def _experts(get, n_name: str, n_default: int, k_name: str, k_default: int) -> dict:
+    n, k = get.int(n_name, default=n_default), get.int(k_name, default=k_default)
+    if k > n:
+        raise_field(get, k_name, f"at most {n_name} ({n})")
+    return {"n_experts": n, "experts_per_token": k}
+
+
+def _olmo3(get, f):
+    """OLMo 3: OLMo 2 with a window on the layers layer_types says (by default 3 of every 4); sliding layers
+    use plain RoPE, full layers the scaling. In the 4.x spelling (rope_theta + rope_scaling) the scaling is
+    the full layers' only, and transformers gives the sliding layers Olmo3Config's default theta (500000):
+    its reader pops rope_theta for the full layers first (Olmo3Config.convert_rope_params_to_dict)."""
+    window = get.nullable(get.int, "sliding_window", 4096)
+    types = _layer_types(get, f, lambda i: (i + 1) % 4 != 0)
+    nested = isinstance(get.dict("rope_parameters").get("full_attention"), dict)
+    if nested:
+        full = read_rope(get, f, {"rope_theta": 500000.0}, rope_parameters(get, "full_attention"))
+        local = read_rope(get, f, {"rope_theta": 500000.0}, rope_parameters(get, "sliding_attention"))
+    else:
+        full = read_rope(get, f, {"rope_theta": 500000.0}, get.dict("rope_scaling"))
+        local = read_rope(get, f, {}, {}, theta=500000.0)
+    return {**_biases(get, f), "sliding_window": window, "layer_types": types,
+            "rope": tuple(local if window is not None and t == "sliding_attention" else full for t in types)}
+
+
+def _ministral3(get, f):
+    """Ministral 3: Mistral with YaRN and llama 4's query scale (rope_parameters' llama_4_scaling_beta),
+    which transformers applies on every layer with original_max_position_embeddings as its period."""
+    out = {**_biases(get, f), **_all_sliding(get, f, None)}
+    p = rope_parameters(get)
+    rope = read_rope(get, f, {"rope_theta": 1e6}, p)
+    beta = p.get("llama_4_scaling_beta")
+    if beta is not None:
+        if not (is_number(beta) and math.isfinite(beta)):
+            raise MinigenError(f"{get.where}: rope 'llama_4_scaling_beta' should be a number, got {short(beta)}")
+        if not rope.original_max:
+            raise MinigenError(f"{get.where}: rope 'llama_4_scaling_beta' needs 'original_max_position_embeddings'")
+        rope = replace(rope, query_beta=float(beta))
+    out["rope"] = (rope,) * f["n_layers"]
+    return out
+
+
 def raise_field(get: Fields, name: str, what: str):
     raise MinigenError(f"{get.where}: field {name!r} should be {what}, got {get.raw.get(name)!r}")
 
@@ -243,26 +322,6 @@ QWEN3_5 = _llama_tensors(
     w_in=tuple(_Q + f"linear_attn.in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
     conv_w=_Q + "linear_attn.conv1d.weight", A_log=_Q + "linear_attn.A_log", dt_bias=_Q + "linear_attn.dt_bias",
     gate_norm=_Q + "linear_attn.norm.weight", w_out=_Q + "linear_attn.out_proj.weight")
-QWEN3_5_PUBLISHED = {k: tuple(n.replace("model.", "model.language_model.", 1) for n in v) if isinstance(v, tuple)
-                     else v.replace("model.", "model.language_model.", 1) for k, v in QWEN3_5.items()}
-LFM2 = _llama_tensors(
-    final_norm="model.embedding_norm.weight", attn_norm=_Q + "operator_norm.weight",
-    mlp_norm=_Q + "ffn_norm.weight", wo=_Q + "self_attn.out_proj.weight",
-    q_norm=_Q + "self_attn.q_layernorm.weight", k_norm=_Q + "self_attn.k_layernorm.weight",
-    w_gate_up=(_Q + "feed_forward.w1.weight", _Q + "feed_forward.w3.weight"), w_down=_Q + "feed_forward.w2.weight",
-    w_in=_Q + "conv.in_proj.weight", b_in=_Q + "conv.in_proj.bias", conv_w=_Q + "conv.conv.weight",
-    conv_b=_Q + "conv.conv.bias", w_out=_Q + "conv.out_proj.weight", b_out=_Q + "conv.out_proj.bias")
-_MAMBA = dict(w_in=_Q + "mamba.in_proj.weight", b_in=_Q + "mamba.in_proj.bias", conv_w=_Q + "mamba.conv1d.weight",
-              conv_b=_Q + "mamba.conv1d.bias", A_log=_Q + "mamba.A_log", dt_bias=_Q + "mamba.dt_bias", D=_Q + "mamba.D",
-              gate_norm=_Q + "mamba.norm.weight", w_out=_Q + "mamba.out_proj.weight", b_out=_Q + "mamba.out_proj.bias")
-GRANITE_HYBRID = _llama_tensors(w_gate_up=_Q + "shared_mlp.input_linear.weight",
-                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA)
-FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_Q + "pre_ff_layernorm.weight",
-                           w_gate_up=(_Q + "feed_forward.gate_proj.weight", _Q + "feed_forward.up_proj.weight"),
-                           b_gate_up=(_Q + "feed_forward.gate_proj.bias", _Q + "feed_forward.up_proj.bias"),
-                           w_down=_Q + "feed_forward.down_proj.weight", b_down=_Q + "feed_forward.down_proj.bias",
-                           **_MAMBA)
-
 
 def _silu_conv(get: Fields, f: dict):
     """Gated DeltaNet and Mamba2 run their conv's output through hidden_act; minigen's mixers use SiLU."""
@@ -374,10 +433,7 @@ def _granite_hybrid(get, f):
     if kind != "rope":
         out["rope"] = (None,) * f["n_layers"]
     out["intermediate_size"] = get.int("shared_intermediate_size", default=1024)
-    out["attn_scale"] = get.float("attention_multiplier", default=1.0)
-    out["embed_multiplier"] = get.number("embedding_multiplier", default=1.0)
-    out["residual_multiplier"] = get.number("residual_multiplier", default=1.0)
-    out["logits_multiplier"] = 1.0 / get.float("logits_scaling", default=1.0)
+    out.update(granite_multipliers(get))
     return {**_biases(get, f), **out, "mlp_bias": False}
 
 
@@ -485,11 +541,23 @@ def _gguf_gpt2(m, t) -> dict:
 
 
 def _gguf_olmo2(m, t) -> dict:
-    if m.int("attention.sliding_window", default=0, minimum=0):
-        m.fail("attention.sliding_window", "is set: this is an OLMo 3 file (sliding-window layers), which minigen "
-                                           "does not run")
-    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
-            "attention_bias": t.has("blk.0.attn_q.bias")}
+    """OLMo 2, or OLMo 3 when the file has a sliding window (llama.cpp writes both as olmo2): then the window's
+    layers from sliding_window_pattern (llama.cpp's default period 4), plain RoPE on them (rope.freq_base_swa,
+    else freq_base: llama.cpp's reading), the scaling on the full layers; as transformers 5's nested
+    rope_parameters, which keeps the two apart."""
+    out = {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+           "attention_bias": t.has("blk.0.attn_q.bias")}
+    window = m.int("attention.sliding_window", default=0, minimum=0)
+    if not window:
+        return out
+    base = m.float("rope.freq_base", default=10000.0)
+    full = {"rope_type": "default", "rope_theta": base, **(m.rope_scaling() or {})}
+    full.pop("type", None)
+    return {**out, "model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
+            "layer_types": m.sliding_pattern(m.int("block_count"), default=4),
+            "rope_parameters": {"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": m.float("rope.freq_base_swa", default=base)}},
+            "rope_theta": None, "rope_scaling": None}
 
 
 def _gguf_gpt_neox(m, t) -> dict:
@@ -504,6 +572,36 @@ def _gguf_smollm3(m, t) -> dict:
     return {**_gguf_llama(m, t), "no_rope_layer_interval": 4,
             "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(n)], "use_sliding_window": False,
             "sliding_window": None}
+
+
+def _gguf_granite(m, t) -> dict:
+    """Granite's multipliers as llama.cpp reads them: logit_scale is required; no attention.scale means
+    1/sqrt(head_dim), no residual or embedding scale means none (1)."""
+    head_dim = m.int("attention.key_length", default=m.int("embedding_length") // m.int("attention.head_count"))
+    return {**_gguf_llama(m, t), "logits_scaling": m.float("logit_scale"),
+            "attention_multiplier": m.float("attention.scale", default=head_dim ** -0.5),
+            "residual_multiplier": m.float("residual_scale", default=1.0),
+            "embedding_multiplier": m.float("embedding_scale", default=1.0)}
+
+
+def _gguf_granitemoe(m, t) -> dict:
+    """GraniteMoE: Granite's multipliers and routed experts (expert_count, expert_used_count); llama.cpp split
+    each layer's input_linear into ffn_gate_exps and ffn_up_exps (minigen/gguf/convert.py joins them again)."""
+    return {**_gguf_granite(m, t), "num_local_experts": m.int("expert_count"),
+            "num_experts_per_tok": m.int("expert_used_count")}
+
+
+def _gguf_mistral3(m, t) -> dict:
+    """Ministral 3 (the text GGUF of a Mistral 3 checkpoint): Llama with YaRN and, from
+    attention.temperature_scale, llama 4's query scale (its period: YaRN's original context)."""
+    out = {**_gguf_llama(m, t), "sliding_window": m.int("attention.sliding_window", default=0, minimum=0) or None}
+    beta = m.float("attention.temperature_scale", default=None)
+    if beta is not None:
+        if m.str("rope.scaling.type", default="none") != "yarn":
+            m.fail("attention.temperature_scale", "is set without YaRN (rope.scaling.type yarn), whose original "
+                                                  "context is its period")
+        out["llama_4_scaling_beta"] = beta  # moved into rope_scaling by gguf/arch.py's family_config
+    return out
 
 
 def _neox_names(cfg: dict) -> dict:
@@ -619,14 +717,42 @@ FAMILIES = {
                            plain_norms=("gate_norm",), fix={"wqkv": "gated_q", "conv_w": "depthwise"},
                            defaults=dict(head_dim=256, max_position_embeddings=32768, partial_rotary_factor=0.25),
                            skipped=("mtp.",)),
-    "qwen3_5": Family(QWEN3_5_PUBLISHED, features=dict(qk_norm="head", attn_gate=True), read=_qwen3_5, norm_offset=1.0,
-                      plain_norms=("gate_norm",), fix={"wqkv": "gated_q", "conv_w": "depthwise"},
-                      defaults=dict(head_dim=256, max_position_embeddings=32768, partial_rotary_factor=0.25),
-                      nested="text_config", skipped=("model.visual.", "mtp.")),
     "lfm2": Family(LFM2, features=dict(qk_norm="head"), read=_lfm2, fix={"conv_w": "depthwise"},
                    defaults=dict(norm_eps=1e-5, max_position_embeddings=128000, rope_theta=1000000.0)),
     "granitemoehybrid": Family(GRANITE_HYBRID, read=_granite_hybrid, fix={"conv_w": "depthwise"},
                                defaults=dict(max_position_embeddings=2048)),
     "falcon_h1": Family(FALCON_H1, read=_falcon_h1, fix={"conv_w": "depthwise"},
                         defaults=dict(norm_eps=1e-5, max_position_embeddings=8192)),
+    "granite": Family(LLAMA, read=_granite, ignored=LLAMA_IGNORED,
+                      gguf=Gguf("granite", "GraniteForCausalLM", _gguf_granite, fixes=PERMUTED)),
+    "granitemoe": Family(GRANITEMOE, features=dict(mlp="moe"), read=_granitemoe,
+                         gguf=Gguf("granitemoe", "GraniteMoeForCausalLM", _gguf_granitemoe, fixes=PERMUTED)),
+    "olmo3": Family(OLMO2, features=dict(pre_norms=False, post_norms=True, qk_norm="proj"), read=_olmo3,
+                    defaults=dict(norm_eps=1e-5)),  # GGUF: llama.cpp writes it as olmo2 (_gguf_olmo2)
+    "ministral3": Family(LLAMA, read=_ministral3, defaults=dict(max_position_embeddings=262144, norm_eps=1e-5,
+                                                                head_dim=128),
+                         gguf=Gguf("mistral3", "Ministral3ForCausalLM", _gguf_mistral3, fixes=PERMUTED)),
+}
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal checkpoint around a language model: where its text model's tensors are (the layout of
+    transformers 4.5x's save, `language_model.model.*`, or 5.x's, `model.language_model.*`), which tensor
+    prefixes belong to the vision tower and projector (left unread), and transformers' defaults for the
+    fields the top level decides (tie_word_embeddings: the wrapper's own, not text_config's)."""
+    text_model_type: str                  # text_config's model_type when it has none
+    vision: tuple                         # prefixes of the vision tower's and projector's tensors (not read)
+    tie_word_embeddings: bool = True
+    ignored: tuple = ()                   # prefixes transformers ignores too (Qwen3.5's multi-token prediction)
+    renames: tuple = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                      ("model.language_model.", "model."))
+
+
+WRAPPERS = {
+    "gemma3": Wrapper("gemma3_text", ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                      "model.multi_modal_projector.")),
+    "mistral3": Wrapper("mistral", ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                    "model.multi_modal_projector.")),
+    "qwen3_5": Wrapper("qwen3_5_text", ("model.visual.", "visual."), tie_word_embeddings=False, ignored=("mtp.",)),
 }

@@ -1,6 +1,6 @@
 """RoPE settings from config.json in both spellings: transformers 5's `rope_parameters` (flat, or nested
 per layer type) and the older `rope_theta` / `rope_scaling`; the kinds minigen runs (default, linear,
-Llama 3's, Phi-3's longrope) become one `Rope` each. Read by config.py for every family, and by the
+Llama 3's, Phi-3's longrope, YaRN) become one `Rope` each. Read by config.py for every family, and by the
 families' own readers (families.py) where layers differ.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 from dataclasses import replace
 
 from ..engine.config import Rope
-from ..errors import MinigenError, is_int, is_number, is_positive, short
+from ..errors import MinigenError, is_finite, is_int, is_number, is_positive, short
 from .fields import Fields
 
-ROPE_KINDS = ("default", "linear", "llama3", "longrope")
+ROPE_KINDS = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def rope_parameters(get: Fields, layer_type: str | None = None) -> dict:
@@ -62,7 +62,44 @@ def read_rope(get: Fields, f: dict, defaults: dict, p: dict | None = None, theta
         return _replace(rope, kind=kind, factor=_number(p, "factor", kind, where),
                         low_freq_factor=_number(p, "low_freq_factor", kind, where),
                         high_freq_factor=_number(p, "high_freq_factor", kind, where), original_max=original)
+    if kind == "yarn":
+        return _yarn(rope, p, f, where)
     return _longrope(rope, p, get, f, defaults)
+
+
+def _yarn(rope: Rope, p: dict, f: dict, where: str) -> Rope:
+    """YaRN's settings as transformers reads them: original_max_position_embeddings defaults to
+    max_position_embeddings; an explicit `factor` is used even where it disagrees with max / original
+    (transformers warns and uses it), the ratio only when there is none; the attention factor from
+    mscale / mscale_all_dim unless given; beta_fast / beta_slow default to 32 / 1 (also when 0 or null)."""
+    original = p.get("original_max_position_embeddings") or f["max_position_embeddings"]
+    if not (is_int(original) and original > 0):
+        raise MinigenError(f"{where}: rope scaling 'yarn' needs a positive integer "
+                           f"'original_max_position_embeddings', got {short(original)}")
+    factor = p.get("factor")
+    factor = f["max_position_embeddings"] / original if factor is None else factor
+    if not is_positive(factor):
+        raise MinigenError(f"{where}: rope scaling 'yarn' needs a positive number 'factor', got {short(factor)}")
+    for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "llama_4_scaling_beta"):
+        if p.get(name) is not None and not is_finite(p[name]):
+            raise MinigenError(f"{where}: rope scaling 'yarn': {name!r} should be a number, got {short(p[name])}")
+    attention = p.get("attention_factor")
+    if attention is None:
+        mscale, all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim) if mscale and all_dim \
+            else _yarn_mscale(factor)
+    if not is_positive(attention):
+        raise MinigenError(f"{where}: rope 'attention_factor' should be a positive number, got {short(attention)}")
+    truncate = p.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise MinigenError(f"{where}: rope scaling 'yarn': 'truncate' should be true or false, got {short(truncate)}")
+    return _replace(rope, kind="yarn", factor=float(factor), original_max=int(original),
+                    attention_factor=float(attention), beta_fast=float(p.get("beta_fast") or 32),
+                    beta_slow=float(p.get("beta_slow") or 1), truncate=truncate)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 def _longrope(rope: Rope, p: dict, get: Fields, f: dict, defaults: dict) -> Rope:

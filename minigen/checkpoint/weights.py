@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from ..engine.config import Config
-from .families import FIXES
+from .families import FIXES, WRAPPERS
 from ..errors import MinigenError, short
 from ..files import MiB, open_regular, parse_json, read_json_object
 
@@ -258,8 +258,12 @@ def layer_shapes(cfg: Config, i: int) -> dict:
     if "attention" in mixer:
         layer.update(attention_shapes(cfg))
     layer.update(MIXER_SHAPES.get(mixer.replace("attention+", "").replace("attention", ""), lambda c: {})(cfg))
-    layer.update(w_down=(D, F))
-    layer.update(w_gate_up=(2 * F, D)) if cfg.mlp == "gated" else layer.update(w_up=(F, D))
+    if cfg.mlp == "moe":  # routed experts, kept 3-D as stored
+        E = cfg.n_experts
+        layer.update(router=(E, D), experts_gate_up=(E, 2 * F, D), experts_down=(E, D, F))
+    else:
+        layer.update(w_down=(D, F))
+        layer.update(w_gate_up=(2 * F, D)) if cfg.mlp == "gated" else layer.update(w_up=(F, D))
     if cfg.mlp_bias:
         layer.update({"b_gate_up" if cfg.mlp == "gated" else "b_up": (2 * F if cfg.mlp == "gated" else F,), "b_down": (D,)})
     if cfg.norm == "layer":
@@ -341,6 +345,8 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
     for prefix in family.prefixes:
         refs = {(k[len(prefix):] if k.startswith(prefix) else k): r for k, r in refs.items()}
     refs = {k: r for k, r in refs.items() if not k.startswith(family.skipped)} if family.skipped else refs
+    if cfg.wrapper:
+        refs = text_part(cfg.wrapper, refs)
     glob_shapes, layer_shapes = expected_shapes(cfg)
     _check_layer_count(cfg, family, layer_shapes, len(refs), where)
     drop = {t.format(i) for t in family.ignored for i in range(cfg.n_layers)}
@@ -373,6 +379,27 @@ def resolve(cfg: Config, family, refs: dict[str, TensorRef], where: Path) -> tup
         src = Source(tuple(parts[j] for j in sorted(parts)), shape, family.fix.get(key))
         (glob if i is None else layers[i])[key] = src
     return glob, layers
+
+
+def text_part(wrapper: str, refs: dict[str, TensorRef]) -> dict[str, TensorRef]:
+    """A multimodal checkpoint's language-model tensors under the text family's names (either layout);
+    the vision tower's and projector's tensors are left out, unread."""
+    w = WRAPPERS[wrapper]
+    out = {}
+    for name, ref in refs.items():
+        if name.startswith(w.vision + w.ignored):
+            continue
+        new = next((to + name[len(old):] for old, to in w.renames if name.startswith(old)), name)
+        if new in out:
+            raise MinigenError(f"{ref.file}: tensors {short(name, 80)} and {short(out[new].name, 80)} are both the "
+                               f"language model's {short(new, 80)} (two layouts in one checkpoint)")
+        out[new] = ref
+    return out
+
+
+def vision_tensors(wrapper: str, refs: dict[str, TensorRef]) -> list[TensorRef]:
+    """The tensors of a multimodal checkpoint that minigen does not read (vision tower, projector)."""
+    return [r for n, r in refs.items() if n.startswith(WRAPPERS[wrapper].vision)] if wrapper else []
 
 
 def _check_layer_count(cfg: Config, family, layer_shapes: list, n_tensors: int, where: Path):

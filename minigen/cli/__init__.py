@@ -3,7 +3,7 @@
     harness.py  the process: standard streams, signals, exit codes; the prompt reader; --model
     run.py      generate (its run flags come from generation/options.py's table), info, convert
     chat.py     the chat REPL
-    inspect.py  attention, ablate, patch, lens, dla, trace
+    inspect.py  attention, ablate, experts, patch, lens, dla, trace
     serve.py    the OpenAI-compatible server (minigen/serve/)
 
 Ctrl-C while Python imports minigen's modules (numpy, tokenizers, ...: the first fraction of a second)
@@ -35,6 +35,6 @@ def main():
     """minigen: run, read and look inside small transformers."""
 
 
-for command in (run.generate, run.info, chat.chat, run.convert, inspect.attention, inspect.ablate, inspect.patch,
-                inspect.lens, inspect.dla, inspect.trace, scores.score, scores.perplexity, serve.serve):
+for command in (run.generate, run.info, chat.chat, run.convert, inspect.attention, inspect.ablate, inspect.experts,
+                inspect.patch, inspect.lens, inspect.dla, inspect.trace, scores.score, scores.perplexity, serve.serve):
     main.add_command(command)

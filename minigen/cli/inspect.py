@@ -1,4 +1,4 @@
-"""The inspection commands (attention, ablate, patch, lens, dla, trace): each parses its flags, calls
+"""The inspection commands (attention, ablate, experts, patch, lens, dla, trace): each parses its flags, calls
 minigen/inspect/commands.py, and prints the result as text (inspect/report.py) or, with --json, as one
 JSON object on stdout (fields: docs). Every prompt goes through the one reader (harness.read_prompt)
 and the one check (options.check_prompt): the same refusals as generate's.
@@ -135,8 +135,9 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
 @click.option("--heads", metavar="L.H,...", help="Heads to ablate: 18.6,17.4 (18.* for a whole layer).")
 @click.option("--attn", "attn_layers", metavar="LAYERS", help="Attention blocks to ablate: 3,5-7.")
 @click.option("--mlp", "mlp_layers", metavar="LAYERS", help="MLP blocks to ablate: 3,5-7.")
-@click.option("--sweep", type=click.Choice(["heads", "attn", "mlp"]),
-              help="Ablate each head (or each layer's attention or MLP) alone in turn and rank them.")
+@click.option("--expert", metavar="L.E,...", help="Routed experts to take out: 3.5,0.1 (3.* for a layer's all).")
+@click.option("--sweep", type=click.Choice(["heads", "attn", "mlp", "experts"]),
+              help="Ablate each head (or each layer's attention or MLP, or each expert) alone in turn and rank them.")
 @click.option("--mode", type=click.Choice(["zero", "mean"]), default="zero", show_default=True,
               help="Replace the output by zeros, or by its mean over the prompt's positions.")
 @click.option("--token", "token_spec", metavar="I|TEXT", help="Position whose next token is measured (default: the last).")
@@ -145,26 +146,49 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
 @click.option("--rank", type=click.Choice(["kl", "logp"]), default="kl", show_default=True,
               help="Sweep order: KL(before || after), or the drop in log p(target).")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Sweep rows shown.")
-def ablate(prompt, model_path, chat, as_json, heads, attn_layers, mlp_layers, sweep, mode, token_spec, target,
-           top_k, rank, top):
+def ablate(prompt, model_path, chat, as_json, heads, attn_layers, mlp_layers, expert, sweep, mode, token_spec,
+           target, top_k, rank, top):
     """What happens to the next token when heads or blocks are taken out (zeroed or mean-ablated).
 
     \b
       minigen ablate "When Mary and John went to the store, John gave a drink to" --heads 18.6,17.4
       minigen ablate "..." --sweep heads --mode mean
       minigen ablate "..." --mlp 0 --attn 29
+      minigen ablate "..." --expert 3.5 --model ibm-granite/granite-3.1-1b-a400m-instruct
     """
     from ..inspect import commands as C
     from ..inspect import report as R
-    usage("--sweep ablates each part in turn; leave out --heads, --attn and --mlp"
-          if sweep is not None and any((heads, attn_layers, mlp_layers)) else
-          "--rank orders a --sweep" if sweep is None and rank != "kl" else None)
+    usage("--sweep ablates each part in turn; leave out --heads, --attn, --mlp and --expert"
+          if sweep is not None and any((heads, attn_layers, mlp_layers, expert)) else
+          "--rank orders a --sweep" if sweep is None and rank != "kl" else
+          "an expert is taken out by zeroing what it adds (--mode zero); --mode mean is for heads and blocks"
+          if mode == "mean" and (expert or sweep == "experts") else None)
     model, tok, ids = model_and_ids(model_path, prompt, chat)
     if sweep is not None:
+        if sweep == "experts":
+            from ..inspect.experts import check_moe
+            check_moe(model.config, "--sweep experts")
         emit(C.sweep(model, tok, ids, sweep, mode, token_spec, target, rank), as_json, lambda r: R.format_sweep(r, top))
         return
-    parts = C.components(model, heads, attn_layers, mlp_layers)
+    parts = C.components(model, heads, attn_layers, mlp_layers, expert)
     emit(C.ablate(model, tok, ids, parts, mode, token_spec, target, top_k), as_json, R.format_ablation)
+
+
+@click.command(cls=Command)
+@click.argument("prompt", required=False)
+@shared
+@click.option("--layers", metavar="LAYERS", help="Layers to report: 0,5-7 (default all).")
+def experts(prompt, model_path, chat, as_json, layers):
+    """Routed experts: which experts each token of PROMPT went to in each layer, with their weights.
+
+    \b
+      minigen experts "The capital of France is" --model ibm-granite/granite-3.1-1b-a400m-instruct
+      minigen experts "..." --layers 0,-1 --json
+    """
+    from ..inspect import commands as C
+    from ..inspect import report as R
+    model, tok, ids = model_and_ids(model_path, prompt, chat)
+    emit(C.routing(model, tok, ids, layers), as_json, R.format_routing)
 
 
 @click.command(cls=Command)

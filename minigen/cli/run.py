@@ -251,8 +251,8 @@ def info(model_path):
 def convert(source, out_dir, dtype):
     """Convert a GGUF file (SOURCE) into a Hugging Face checkpoint directory (OUT_DIR).
 
-    Architectures: llama (also Mistral, SmolLM), qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2,
-    gptneox, smollm3. Tensors are dequantised (every type the gguf package reads: F32, F16, BF16, Q4_0 ... Q8_0,
+    Architectures: llama (also Mistral, SmolLM), qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2
+    (also OLMo 3), gptneox, smollm3, granite, granitemoe, mistral3 (Ministral 3's text GGUF). Tensors are dequantised (every type the gguf package reads: F32, F16, BF16, Q4_0 ... Q8_0,
     the K and I quants, ...), llama.cpp's changes to them undone, the tokenizer rebuilt as tokenizer.json, and
     OUT_DIR appears only when the conversion is complete.
     """

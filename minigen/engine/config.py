@@ -15,14 +15,18 @@ class Rope:
     """One rotary embedding: the first `dim` dims of each head rotate (HF's half-split within them)."""
     theta: float
     dim: int                          # rotated dims per head; the rest pass through (partial rotary)
-    kind: str = "default"             # default | linear | llama3 | longrope
-    factor: float = 1.0               # linear, llama3
+    kind: str = "default"             # default | linear | llama3 | longrope | yarn
+    factor: float = 1.0               # linear, llama3, yarn
     low_freq_factor: float = 1.0      # llama3
     high_freq_factor: float = 4.0     # llama3
-    original_max: int = 0             # llama3; longrope: the switch from short to long factors
+    original_max: int = 0             # llama3, yarn; longrope: the switch from short to long factors
     short_factor: tuple = ()          # longrope, one per rotated pair
     long_factor: tuple = ()
-    attention_factor: float = 1.0     # longrope: cos and sin are scaled by it
+    attention_factor: float = 1.0     # longrope, yarn: cos and sin are scaled by it
+    beta_fast: float = 32.0           # yarn: the ramp between extrapolated and interpolated frequencies
+    beta_slow: float = 1.0
+    truncate: bool = True             # yarn: the ramp's ends rounded outwards to whole dims
+    query_beta: float = 0.0           # Ministral 3 (llama_4_scaling_beta): q x (1 + beta log(1 + floor(pos / original_max)))
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,10 @@ class Config:
     post_norms: bool = False          # norm their outputs before the residual add (Gemma 2/3, OLMo 2)
     parallel_residual: bool = False   # x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX)
     qk_norm: str | None = None        # RMSNorm on q and k: "head" (over head_dim) | "proj" (whole projection)
-    mlp: str = "gated"                # "gated": down(act(gate) * up) | "plain": down(act(up))
+    mlp: str = "gated"                # "gated": down(act(gate) * up) | "plain": down(act(up)) | "moe": routed experts
+    n_experts: int = 0                # moe: experts per layer (E)
+    experts_per_token: int = 0        # moe: top-k
+    router: str = "topk_softmax"      # moe: how the chosen experts' weights are normalised (moe.NORMALISATIONS)
     act: str = "silu"
     positions: str = "rope"           # "rope" | "learned" (GPT-2)
     embed_scale: bool = False         # Gemma: embeddings x sqrt(hidden)
@@ -108,6 +115,8 @@ class Config:
     weight_scales: tuple = ()         # (tensor, first row, end row, factor, bias too) applied at load: Falcon-H1's µP
     eos_token_ids: tuple = ()
     architectures: tuple = ()         # config.json's `architectures`, e.g. ("LlamaForCausalLM",)
+    wrapper: str = ""                 # a multimodal checkpoint's model_type (gemma3, mistral3): this is its text model
+    image_token_ids: tuple = ()       # the wrapper's image tokens: refused in a prompt (no vision tower is run)
 
     @property
     def group(self) -> int:

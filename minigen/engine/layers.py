@@ -3,7 +3,7 @@
 Each follows the HF modeling file it stands in for, step for step, so that the numbers agree:
 RMSNorm (Gemma's (1 + w) is folded into the weight at load), LayerNorm, gelu_new / gelu_pytorch_tanh,
 exact gelu, SiLU, tanh soft-capping, and RoPE in HF's half-split (`rotate_half`) layout, partial or
-whole, with default, linear, llama3 and longrope frequencies.
+whole, with default, linear, llama3, longrope and YaRN frequencies, and Ministral 3's per-position query scale.
 """
 from __future__ import annotations
 
@@ -102,6 +102,8 @@ def rope_frequencies(rope: Rope, seq_len: int = 0) -> np.ndarray:
         return inv_freq / np.float32(rope.factor)
     if rope.kind == "llama3":
         return _llama3_frequencies(inv_freq, rope)
+    if rope.kind == "yarn":
+        return _yarn_frequencies(base, rope)
     return inv_freq
 
 
@@ -117,9 +119,37 @@ def _llama3_frequencies(inv_freq: np.ndarray, r: Rope) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def _yarn_frequencies(base: np.ndarray, r: Rope) -> np.ndarray:
+    """YaRN (transformers' _compute_yarn_parameters): the highest frequencies kept (extrapolated), the lowest
+    divided by `factor` (interpolated), a linear ramp between, over the dims whose wavelengths make between
+    beta_fast and beta_slow turns in the original context. The ramp's ends in float64, the rest in float32."""
+    def turns_dim(turns: float) -> float:  # the dim at which a wavelength makes `turns` turns in original_max
+        return r.dim * math.log(r.original_max / (turns * 2 * math.pi)) / (2 * math.log(r.theta))
+    low, high = turns_dim(r.beta_fast), turns_dim(r.beta_slow)
+    if r.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r.dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(r.dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    keep = np.float32(1) - ramp.astype(np.float32)                          # 1: extrapolate, 0: interpolate
+    extrapolated = np.float32(1) / base
+    interpolated = np.float32(1) / (np.float32(r.factor) * base)
+    return (interpolated * (np.float32(1) - keep) + extrapolated * keep).astype(np.float32)
+
+
+def query_scale(rope: Rope, positions: np.ndarray) -> np.ndarray | None:
+    """Ministral 3's (llama 4's) attention temperature, 1 + beta log(1 + floor(pos / original_max)): (T,)
+    float32, what each position's query is multiplied by after RoPE; None when the config has none."""
+    if not rope.query_beta:
+        return None
+    steps = np.floor(positions.astype(np.float32) / np.float32(rope.original_max))
+    return (np.float32(1) + np.float32(rope.query_beta) * np.log(np.float32(1) + steps)).astype(np.float32)
+
+
 def rope_tables(rope: Rope, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, each (T, rope.dim): the frequencies repeated for both halves (half-split layout),
-    times longrope's attention factor. One forward uses one set of frequencies, chosen by its last
+    times longrope's or YaRN's attention factor. One forward uses one set of frequencies, chosen by its last
     position, as transformers does."""
     inv_freq = rope_frequencies(rope, int(positions[-1]) + 1 if len(positions) else 0)
     freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, dim/2)

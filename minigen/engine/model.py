@@ -16,11 +16,13 @@ Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up 
                                      state: Gated DeltaNet (gated_delta.py), LFM2's short convolution
                                      (short_conv.py), Mamba2 (ssm.py), attention beside Mamba2 (MIXERS)
     a = attn_post_norm(a)            [Gemma 2/3, OLMo 2]
-    x = x + a                        [parallel residual: the MLP reads x from before this add, GPT-NeoX]
-                                     [a and m x residual_multiplier before the adds: Granite]
-    m = mlp(mlp_norm(x))             (MLPS)
+    x = x + r a                      [parallel residual: the MLP reads x from before this add, GPT-NeoX]
+    m = mlp(mlp_norm(x))             (MLPS: gated, plain, or routed experts, moe.py)
     m = mlp_post_norm(m)             [Gemma 2/3, OLMo 2]
-    x = x + m
+    x = x + r m                      r: Granite's residual_multiplier (else 1)
+
+Granite and Falcon-H1 also scale the embeddings (embed_multiplier) and the logits (logits_multiplier:
+Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier).
 
 Several sequences can share one forward (`forward_batch`): their new rows are stacked, so every
 projection reads the weights once for all of them, and only the mixer goes sequence by sequence.
@@ -42,7 +44,8 @@ from .config import Config
 from .gated_delta import gated_deltanet, sigmoid
 from .short_conv import short_conv
 from .ssm import mamba2
-from .layers import activation, apply_rope, layer_norm, rms_norm, rope_tables, softcap
+from .layers import activation, apply_rope, layer_norm, query_scale, rms_norm, rope_tables, softcap
+from .moe import moe_mlp
 from ..errors import MinigenError
 
 
@@ -124,8 +127,7 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, re
     a = MIXERS[cfg.mixer(i)](h, p, cfg, i, seqs, rope, record, hooks)         # (N, D)
     if cfg.post_norms:
         a = norm(a, p, cfg, "attn_post_norm")
-    if cfg.residual_multiplier != 1.0:  # Granite: each block's output scaled before the add
-        a *= np.float32(cfg.residual_multiplier)
+    a = residual_scaled(a, cfg)
     if hooks:
         a = hooks.attn_out(i, a)
     if cfg.parallel_residual:  # both blocks read the same x
@@ -134,14 +136,20 @@ def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, re
     else:
         x += a
         m = parallel.by_rows(mlp_block, x, p=p, cfg=cfg)                     # (N, D)
-    if cfg.residual_multiplier != 1.0:
-        m *= np.float32(cfg.residual_multiplier)
+    m = residual_scaled(m, cfg)
     if hooks:
         m = hooks.mlp_out(i, m)
     x += m
     if hooks:
         hooks.resid(i, x)
     return x
+
+
+def residual_scaled(a: np.ndarray, cfg: Config) -> np.ndarray:
+    """What a block adds to the residual stream, times Granite's residual_multiplier (in place)."""
+    if cfg.residual_multiplier != 1.0:
+        a *= np.float32(cfg.residual_multiplier)
+    return a
 
 
 # --- token mixers: what a layer computes across positions ----------------------------------------
@@ -222,8 +230,10 @@ def qkv_heads(x: np.ndarray, rope, p: dict, cfg: Config) -> tuple[np.ndarray, np
     qkv = linear(x, w, b)                                                    # (N, (H + 2 KV) d)
     qk = qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(N, H + KV, d)        # (N, H + KV, d)
     if rope is not None:  # q and k heads rotate alike: one call for both
-        cos, sin = rope
+        cos, sin = rope[:2]
         qk = apply_rope(qk, cos[:, None], sin[:, None])
+        if len(rope) > 2:  # Ministral 3: each position's queries x its scale (rope_tables_for)
+            qk[:, :H] *= rope[2][:, None, None]
     v = qkv[:, (H + KV) * d:].reshape(N, KV, d)                              # (N, KV, d)
     return qk[:, :H], qk[:, H:], v
 
@@ -265,7 +275,7 @@ def plain_mlp(x: np.ndarray, p: dict, cfg: Config) -> np.ndarray:
     return linear(activation(cfg.act)(linear(x, p["w_up"], p.get("b_up"))), p["w_down"], p.get("b_down"))
 
 
-MLPS = {"gated": gated_mlp, "plain": plain_mlp}   # Config.mlp -> the layer's MLP
+MLPS = {"gated": gated_mlp, "plain": plain_mlp, "moe": moe_mlp}   # Config.mlp -> the layer's MLP (moe: moe.py)
 
 
 # --- around the layers -------------------------------------------------------------------------------
@@ -298,9 +308,14 @@ def rope_for(cfg: Config, seqs: list[Seq]) -> dict:
         return {}
     tables = {}
     for r in set(cfg.rope) - {None}:
-        parts = [rope_tables(r, span(s)) for s in seqs]                      # per sequence: (T, dim) x2
+        parts = [rope_tables_for(r, span(s)) for s in seqs]                  # per sequence: (T, dim) x2 [, (T,)]
         tables[r] = parts[0] if len(parts) == 1 else tuple(np.concatenate(t) for t in zip(*parts))
     return tables
+
+
+def rope_tables_for(r, positions: np.ndarray) -> tuple:
+    """(cos, sin) for these positions, and Ministral 3's query scale (T,) when its Rope has one."""
+    return rope_tables(r, positions) + ((query_scale(r, positions),) if r.query_beta else ())
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -315,7 +330,7 @@ def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> 
 
 
 def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
-    """The final norm, the output projection, and the family's soft-cap: (N, D) -> (N, V)."""
+    """The final norm, the output projection, the logits multiplier and the family's soft-cap: (N, D) -> (N, V)."""
     logits = norm(x, params, cfg, "final_norm") @ params["lm_head"].T        # (N, V)
     if cfg.logits_multiplier != 1.0:  # Granite: / logits_scaling; Falcon-H1: x lm_head_multiplier
         logits *= np.float32(cfg.logits_multiplier)
@@ -369,6 +384,11 @@ class Model:
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise MinigenError(f"token id {int(ids.max() if ids.max() >= self.config.vocab_size else ids.min())} "
                                f"is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        images = np.isin(ids, self.config.image_token_ids) if self.config.image_token_ids else None
+        if images is not None and images.any():
+            raise MinigenError(f"token id {int(ids[images][0])} at position {int(np.argmax(images))} is the "
+                               f"checkpoint's image token: minigen runs the {self.config.wrapper} checkpoint's "
+                               f"language model only (its vision tower is not loaded), so a prompt cannot hold images")
         return ids
 
     @property

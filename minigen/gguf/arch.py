@@ -75,6 +75,11 @@ class Meta:
                       f"should be a layer count or a list of flags, got {short(value)}")
         return ["sliding_attention" if f else "full_attention" for f in flags]
 
+    def rope_scaling(self) -> dict | None:
+        """rope.scaling.* as HF's rope_scaling (linear_rope), for a family reader that places it itself
+        (OLMo 3: on its full layers only)."""
+        return linear_rope(self, family_of(self.arch).gguf)
+
 
 class Tensors:
     """The GGUF's tensor names and shapes (GGUF order: innermost dimension first), for config decisions."""
@@ -130,7 +135,7 @@ def common(m: Meta, t: Tensors, arch) -> dict:
 
 
 def linear_rope(m: Meta, arch) -> dict | None:
-    """llama.cpp's rope.scaling.type (default none) and factor; yarn is what minigen cannot run, longrope only
+    """llama.cpp's rope.scaling.type (default none) and its parameters, as HF's rope_scaling; longrope only
     for a family whose factors llama.cpp writes as tensors (`Gguf.rope_factors`)."""
     kind = m.str("rope.scaling.type", default="none")
     factor = m.float("rope.scaling.factor", default=None) or m.float("rope.scale_linear", default=None)
@@ -138,10 +143,31 @@ def linear_rope(m: Meta, arch) -> dict | None:
         return None
     if kind == "linear":
         return {"rope_type": "linear", "type": "linear", "factor": factor}
+    if kind == "yarn":
+        return yarn_rope(m, factor)
     if kind == "longrope" and arch.rope_factors == "longrope":
         return None  # phi3: the factors are tensors, read by `longrope` below
-    m.fail("rope.scaling.type", f"is {kind!r}, which minigen does not run (it runs none, linear, Llama 3's "
+    m.fail("rope.scaling.type", f"is {kind!r}, which minigen does not run (it runs none, linear, yarn, Llama 3's "
                                 f"rope_freqs and Phi-3's longrope)")
+
+
+def yarn_rope(m: Meta, factor: float | None) -> dict:
+    """HF's YaRN settings from what convert_hf_to_gguf.py wrote: the factor, the original context, the betas
+    and attention factor when the source had them, and yarn_log_multiplier (Ministral 3's mscale_all_dim;
+    llama.cpp takes mscale as 1 beside it, and so does this)."""
+    if factor is None:
+        m.fail("rope.scaling.factor", "is missing, and YaRN needs it")
+    out = {"rope_type": "yarn", "type": "yarn", "factor": factor,
+           "original_max_position_embeddings": m.int("rope.scaling.original_context_length")}
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                      ("yarn_attn_factor", "attention_factor")):
+        value = m.float(f"rope.scaling.{key}", default=None)
+        if value is not None:
+            out[name] = value
+    log_mul = m.float("rope.scaling.yarn_log_multiplier", default=None)
+    if log_mul is not None:
+        out.update(mscale=1.0, mscale_all_dim=log_mul)
+    return out
 
 
 # --- Llama 3's rope_freqs and Phi-3's longrope factors: tensors back to config fields --------------------
@@ -233,7 +259,10 @@ def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
     rope_dims = cfg.pop("_rope_dims")
     if rope_dims != cfg["head_dim"]:
         cfg["partial_rotary_factor"] = rope_dims / cfg["head_dim"]
-    return arch.spell(cfg)
+    if "llama_4_scaling_beta" in cfg:  # Ministral 3 keeps it among the RoPE settings
+        cfg["rope_scaling"]["llama_4_scaling_beta"] = cfg.pop("llama_4_scaling_beta")
+    return arch.spell({k: v for k, v in cfg.items() if not (k in ("rope_theta", "rope_scaling") and v is None
+                                                            and "rope_parameters" in cfg)})
 
 
 # --- tensor names, from the gguf package's table -------------------------------------------------------------

@@ -1,8 +1,8 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
 Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
-qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2, gptneox, smollm3), every tensor type the `gguf` package
-dequantises. The steps:
+qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2 (OLMo 2 and 3), gptneox, smollm3, granite, granitemoe,
+mistral3), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
      and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
@@ -15,6 +15,7 @@ dequantises. The steps:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -58,10 +59,11 @@ class _Tensor:
     shape: tuple        # HF shape
     fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
+    up: "_Tensor | None" = None  # routed experts: the up half, written after each expert's gate rows (GraniteMoE)
 
     @property
     def size(self) -> int:
-        return self.rows * self.cols
+        return self.rows * self.cols + (self.up.size if self.up else 0)
 
 
 @dataclass
@@ -112,6 +114,9 @@ def read_plan(source: str | Path) -> Plan:
     source = Path(source)
     meta, infos = _read_header(source)
     arch = meta.get("general.architecture")
+    if arch == "clip" or meta.get("general.type") == "mmproj":
+        raise MinigenError(f"{source}: this is a multimodal projector (mmproj) file: the vision tower and projector "
+                           f"of a multimodal model, which minigen does not run; convert the text model's GGUF beside it")
     if arch not in archs.ARCHS:
         known = ", ".join(sorted(archs.ARCHS))
         raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts {known})")
@@ -303,11 +308,16 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
     family = archs.family_of(arch)
     names = archs.tensor_names(arch, family, n_layers)
     size = source.stat().st_size
-    tensors, extras = [], {}
+    tensors, extras, ups = [], {}, {}
     for info in infos.values():
         row_bytes, rows, cols = _layout(info, size, source)
         if info.name in _EXTRAS:
             extras[info.name] = (info, row_bytes)
+            continue
+        if len(info.dims) == 3:  # routed experts (E, rows, cols): gate and up are merged below
+            tensors.append(_experts_tensor(info, names, rows, cols, row_bytes, archs.ARCHS[arch], source))
+            if archs.kind(info.name) == "ffn_up_exps":
+                ups[info.name] = tensors.pop()
             continue
         hf = names.get(info.name)
         if hf is None:
@@ -319,7 +329,41 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
         shape = (cols,) if len(info.dims) == 1 else archs.fixed_shape(fix, (rows, cols))
         norm = family.norm_offset if info.name.endswith("norm.weight") else 0.0
         tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
-    return tensors, extras
+    return _merge_gate_up(tensors, ups, source), extras
+
+
+def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, model_type: str,
+                    source: Path) -> _Tensor:
+    """A 3-D experts tensor (GGUF dims cols, rows, E) in HF's (E, rows, cols). llama.cpp splits GraniteMoE's
+    input_linear (E, 2F, D) into ffn_gate_exps and ffn_up_exps: the gate takes input_linear's name here, and
+    the up half joins it in _merge_gate_up."""
+    kind = archs.kind(info.name)
+    hf = names.get(info.name)
+    if kind in ("ffn_gate_exps", "ffn_up_exps"):  # the gguf package maps no HF name to these halves
+        template = FAMILIES[model_type].tensors.get("experts_gate_up")
+        hf = template and template.format(info.name.split(".")[1])
+    if hf is None or kind not in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {model_type} equivalent; "
+                           f"cannot convert")
+    E = info.dims[2]
+    return _Tensor(info.name, hf, info.qtype, rows * E, cols, info.offset, row_bytes, (E, rows, cols))
+
+
+def _merge_gate_up(tensors: list, ups: dict, source: Path) -> list:
+    """Each ffn_gate_exps with its ffn_up_exps: one HF tensor (E, 2F, D), per expert [gate; up]."""
+    out = []
+    for t in tensors:
+        if archs.kind(t.gguf_name) == "ffn_gate_exps":
+            up = ups.pop(t.gguf_name.replace("ffn_gate_exps", "ffn_up_exps"), None)
+            if up is None or up.shape != t.shape:
+                raise MinigenError(f"{source}: tensor {t.gguf_name} has no ffn_up_exps of its shape beside it; "
+                                   f"cannot convert")
+            E, F, D = t.shape
+            t = dataclasses.replace(t, shape=(E, 2 * F, D), up=up)
+        out.append(t)
+    if ups:
+        raise MinigenError(f"{source}: tensor {next(iter(ups))} has no ffn_gate_exps beside it; cannot convert")
+    return out
 
 
 def _layout(info: _Info, file_size: int, source: Path) -> tuple[int, int, int]:
@@ -331,16 +375,17 @@ def _layout(info: _Info, file_size: int, source: Path) -> tuple[int, int, int]:
         names = ", ".join(t.name for t in sorted(_supported_types(), key=lambda t: t.value))
         raise MinigenError(f"{source}: tensor {info.name} has quantisation type {qtype.name}, which is not supported "
                            f"(supported: {names})")
-    if not 1 <= len(info.dims) <= 2 or any(d < 1 for d in info.dims):
-        raise MinigenError(f"{source}: tensor {info.name} has shape {list(info.dims)}; minigen converts vectors "
-                           f"and matrices")
-    cols, rows = info.dims[0], (info.dims[1] if len(info.dims) == 2 else 1)
+    experts = len(info.dims) == 3 and archs.kind(info.name).endswith("_exps")  # (E, rows, cols): routed experts
+    if not (1 <= len(info.dims) <= 2 or experts) or any(d < 1 for d in info.dims):
+        raise MinigenError(f"{source}: tensor {info.name} has shape {list(info.dims)}; minigen converts vectors, "
+                           f"matrices and routed experts' stacks")
+    cols, rows = info.dims[0], (info.dims[1] if len(info.dims) >= 2 else 1)
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise MinigenError(f"{source}: tensor {info.name} has rows of {cols} values, not a whole number of "
                            f"{qtype.name} blocks of {block}")
     row_bytes = cols // block * type_size
-    if info.offset + rows * row_bytes > file_size:
+    if info.offset + rows * (info.dims[2] if experts else 1) * row_bytes > file_size:
         raise MinigenError(f"{source}: truncated file: tensor {info.name} runs past the end of the file")
     return row_bytes, rows, cols
 
@@ -461,7 +506,15 @@ def _write_safetensors(file: Path, plan: Plan, dtype: str, progress: Progress | 
 
 def _dequantise(plan: Plan, t: _Tensor):
     """The tensor as float32 blocks of rows in HF's layout, llama.cpp's changes undone: the whole tensor when a
-    fix reorders it (q/k, qkv, GPT-2's transposes: small matrices), else blocks of at most _CHUNK values."""
+    fix reorders it (q/k, qkv, GPT-2's transposes: small matrices), else blocks of at most _CHUNK values;
+    merged experts one expert at a time, its gate rows then its up rows."""
+    if t.up is not None:
+        E, F = t.shape[0], t.shape[1] // 2
+        for e in range(E):
+            for half in (t, t.up):
+                yield from _dequantise(plan, dataclasses.replace(half, offset=half.offset + e * F * half.row_bytes,
+                                                                 rows=F, up=None))
+        return
     step = t.rows if t.fix else max(1, _CHUNK // t.cols)
     for start in range(0, t.rows, step):
         n = min(step, t.rows - start)

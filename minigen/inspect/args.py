@@ -3,6 +3,7 @@ dump) in one place, each error naming its flag. Every inspection command resolve
 
     selection("0,5-7", n, "layer", "--attn-layers")   -> [0, 5, 6, 7]; None or "all": every one
     head_items("18.6,17.*", cfg, "--heads")           -> [(18, 6), (17, 0), (17, 1), ...]
+    expert_items("3.5,0.*", cfg, "--expert")          -> [(3, 5), (0, 0), (0, 1), ...]: routed experts
     index(-1, n, "layer", "--heads")                  -> n - 1: negative indices count from the end
     layer_head(cfg, layer, head)                      the --layer/--head pair of one head
     position(tokens, "-1" | "cat", "--token")         -> a position in the prompt
@@ -44,14 +45,27 @@ def selection(text: str | None, n: int, what: str, flag: str) -> list[int]:
 
 def head_items(text: str, cfg, flag: str = "--heads") -> list[tuple[int, int]]:
     """'18.6,17.4' -> [(18, 6), (17, 4)]; 'L.*' is every head of layer L; negative layers count from the end."""
+    return _layer_items(text, cfg.n_layers, cfg.n_heads, "head", "18.6,17.4", flag,
+                        lambda layer: attention_layer(cfg, layer, flag))
+
+
+def expert_items(text: str, cfg, flag: str = "--expert") -> list[tuple[int, int]]:
+    """'3.5,0.1' -> [(3, 5), (0, 1)]: routed experts as head_items reads heads ('3.*': all of layer 3's)."""
+    return _layer_items(text, cfg.n_layers, cfg.n_experts, "expert", "3.5,0.1", flag)
+
+
+def _layer_items(text: str, n_layers: int, n: int, what: str, example: str, flag: str,
+                 check=lambda layer: layer) -> list[tuple[int, int]]:
+    """LAYER.ITEM pairs, each layer through `check` (which refuses a layer without such items)."""
     out = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*(-?\d+)\.(\*|\d+)\s*", part)
         if not m:
-            raise MinigenError(f"{flag} {text!r}: expected LAYER.HEAD items like 18.6,17.4 (or 18.* for a whole layer)")
-        layer = attention_layer(cfg, index(int(m[1]), cfg.n_layers, "layer", flag), flag)
-        heads = range(cfg.n_heads) if m[2] == "*" else [index(int(m[2]), cfg.n_heads, "head", flag)]
-        out += [(layer, h) for h in heads if (layer, h) not in out]
+            raise MinigenError(f"{flag} {text!r}: expected LAYER.{what.upper()} items like {example} "
+                               f"(or {example.split('.')[0]}.* for a whole layer)")
+        layer = check(index(int(m[1]), n_layers, "layer", flag))
+        items = range(n) if m[2] == "*" else [index(int(m[2]), n, what, flag)]
+        out += [(layer, i) for i in items if (layer, i) not in out]
     return out
 
 

@@ -18,9 +18,9 @@ import numpy as np
 from ..errors import MinigenError, ranges
 from ..files import OutputFile
 from . import dump as D
-from . import effects, lens, stats
+from . import effects, experts, lens, stats
 from .html import render_html
-from .args import attention_selection, head_items, layer_head, position, selection, vocab_token
+from .args import attention_selection, expert_items, head_items, layer_head, position, selection, vocab_token
 from .recurrent import trace_recurrent
 from .internals import induction_probe, prompt_attention, trace_lines, value_norms
 
@@ -350,14 +350,19 @@ def _target(tok, model, spec: str | None, flag: str) -> int | None:
     return None if spec is None else vocab_token(tok, spec, flag, model.config.vocab_size)
 
 
-def components(model, heads: str | None, attn: str | None, mlp: str | None) -> list[effects.Component]:
+def components(model, heads: str | None, attn: str | None, mlp: str | None,
+               expert: str | None = None) -> list[effects.Component]:
     c = model.config
     out = [effects.Component("head", l, h) for l, h in head_items(heads, c)] if heads else []
     for kind, text, flag in (("attn", attn, "--attn"), ("mlp", mlp, "--mlp")):
         if text:
             out += [effects.Component(kind, l) for l in selection(text, c.n_layers, "layer", flag)]
+    if expert:
+        experts.check_moe(c, "--expert")
+        out += [effects.Component("expert", l, e) for l, e in expert_items(expert, c)]
     if not out:
-        raise MinigenError("nothing to ablate: give --heads 18.6,17.4, --attn LAYERS or --mlp LAYERS (or --sweep)")
+        raise MinigenError("nothing to ablate: give --heads 18.6,17.4, --attn LAYERS, --mlp LAYERS or --expert L.E "
+                           "(or --sweep)")
     return out
 
 
@@ -436,3 +441,21 @@ def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) 
             "q": steps.q[i], "keys": [position_json(tok.token_strings(ids), j) for j in range(i + 1)],
             "scores": steps.scores[i, :i + 1], "scaled": steps.scaled[i, :i + 1],
             "weights": steps.weights[i, :i + 1], "output": steps.out[i]}
+
+
+# --- routed experts ------------------------------------------------------------------------------------------
+
+def routing(model, tok, ids, layers: str | None = None) -> dict:
+    """Which experts each token went to in each (selected) layer, with weights, and each expert's load."""
+    c = model.config
+    experts.check_moe(c, "experts")
+    keep = selection(layers, c.n_layers, "layer", "--layers")
+    tokens = tok.token_strings(ids)
+    rows = [r for r in experts.routing(model, ids) if r["layer"] in keep]
+    return {"command": "experts", "n_experts": c.n_experts, "experts_per_token": c.experts_per_token,
+            "normalisation": c.router, "tokens": [token_json(tok, i) for i in ids],
+            "layers": [{"layer": r["layer"], "load": r["load"],
+                        "routes": [{"token": position_json(tokens, t),
+                                    "experts": [{"expert": int(e), "weight": float(w)}
+                                                for e, w in zip(r["experts"][t], r["weights"][t])]}
+                                   for t in range(len(ids))]} for r in rows]}

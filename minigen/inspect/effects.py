@@ -24,6 +24,7 @@ from ..engine import model as M
 from ..errors import MinigenError
 from ..generation.sampling import log_softmax
 from .args import attention_layer, index
+from .experts import without_experts
 from .hooks import Intervention, final_residual, layer_inputs, logits_of, mean, patch, resume, zero
 
 MODES = ("zero", "mean")
@@ -31,22 +32,30 @@ MODES = ("zero", "mean")
 
 @dataclass(frozen=True)
 class Component:
-    """A part of the model: one head ("head", layer, head), or a layer's attention or MLP block."""
+    """A part of the model: one head ("head", layer, head), a layer's attention or MLP block, or one routed
+    expert ("expert", layer, expert: `head` holds the expert's index)."""
     kind: str
     layer: int
     head: int | None = None
 
     def __str__(self):
+        if self.kind == "expert":
+            return f"expert {self.layer}.{self.head}"
         return f"{self.layer}.{self.head}" if self.kind == "head" else f"{self.kind} {self.layer}"
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "layer": self.layer, "head": self.head, "name": str(self)}
+        out = {"kind": self.kind, "layer": self.layer, "head": self.head, "name": str(self)}
+        if self.kind == "expert":
+            out.update(head=None, expert=self.head)
+        return out
 
 
 def every(kind: str, cfg) -> list[Component]:
     """Every component of a kind, in layer (then head) order: what a sweep goes through."""
     if kind == "heads":
         return [Component("head", l, h) for l in range(cfg.n_layers) if cfg.has_attention(l) for h in range(cfg.n_heads)]
+    if kind == "experts":
+        return [Component("expert", l, e) for l in range(cfg.n_layers) for e in range(cfg.n_experts)]
     return [Component(kind, l) for l in range(cfg.n_layers)]
 
 
@@ -60,7 +69,7 @@ def changes_for(components: list[Component], mode: str) -> dict:
     for c in components:
         if c.kind == "head":
             heads.setdefault(c.layer, []).append(c.head)
-        else:
+        elif c.kind != "expert":  # experts are taken out of the params (model_without), not by a hook
             changes[(c.kind, c.layer)] = make()
     changes.update({("z", l): make(sorted(hs)) for l, hs in heads.items()})
     return changes
@@ -79,6 +88,12 @@ def ablated_logits(model, ids, heads, mode: str = "zero") -> np.ndarray:
 def _index_pair(cfg, layer: int, head: int) -> tuple[int, int]:
     layer = attention_layer(cfg, index(int(layer), cfg.n_layers, "layer", "heads"), "heads")
     return layer, index(int(head), cfg.n_heads, "head", "heads")
+
+
+def model_without(model, components: list[Component]):
+    """The model itself, or a copy whose ablated experts add nothing (experts.without_experts)."""
+    experts = [(c.layer, c.head) for c in components if c.kind == "expert"]
+    return without_experts(model, experts) if experts else model
 
 
 def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> dict:
@@ -101,7 +116,7 @@ def ablation(model, ids, components: list[Component], mode: str, position: int, 
     """The effect of ablating `components` together on the distribution at `position`."""
     x_in, _ = layer_inputs(model, ids)
     start = min(c.layer for c in components)
-    after = resume(model, x_in[start], start, Intervention(changes_for(components, mode)))
+    after = resume(model_without(model, components), x_in[start], start, Intervention(changes_for(components, mode)))
     before = logits_of(model, x_in[-1][position])
     target = int(np.argmax(before)) if target is None else target
     return {"components": [c.as_json() for c in components], "mode": mode, "position": position,
@@ -116,7 +131,7 @@ def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = 
     target = int(np.argmax(before)) if target is None else target
     rows = []
     for c in every(kind, model.config):
-        x = resume(model, x_in[c.layer], c.layer, Intervention(changes_for([c], mode)))
+        x = resume(model_without(model, [c]), x_in[c.layer], c.layer, Intervention(changes_for([c], mode)))
         effect = compare(before, logits_of(model, x[position]), target, k=1)
         rows.append({**c.as_json(), "kl": effect["kl"], "delta_logp": effect["delta_logp"],
                      "top_after": effect["top_after"][0]})
@@ -137,6 +152,7 @@ def logit_diff(model, x_row: np.ndarray, answer: int, wrong: int) -> float:
     cfg, params = model.config, model.params
     h = M.norm(np.asarray(x_row, np.float32)[None], params, cfg, "final_norm")      # (1, D)
     logits = (h @ params["lm_head"][[answer, wrong]].T)[0].astype(np.float64)        # (2,)
+    logits *= cfg.logits_multiplier  # Granite: 1 / logits_scaling; Falcon-H1: lm_head_multiplier
     if cfg.final_softcap:
         logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
     return float(logits[0] - logits[1])

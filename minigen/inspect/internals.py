@@ -67,12 +67,17 @@ def trace_head(model, ids, layer: int, head: int) -> tuple[Steps, dict]:
     p = model.params["layers"][layer]
     x = M.norm(h, p, cfg, "attn_norm") if cfg.pre_norms else h               # (T, D)
     w = head_weights(model, layer, head)
-    rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope), apply_rope(k, *rope)))
+    rotate = None if rope is None else (lambda q, k: (apply_rope(q, *rope[:2]) * _query_scale(rope), apply_rope(k, *rope[:2])))
     mask = _layer_mask(cfg, layer, len(ids))
     steps = attention_steps(x, w["w_q"], w["w_k"], w["w_v"], b_q=w.get("b_q"), b_k=w.get("b_k"),
                             b_v=w.get("b_v"), norm=_qk_norm(model, layer, head, x), rotate=rotate, mask=mask,
                             scale=cfg.attn_scale, softcap=cfg.attn_softcap)
     return steps, _model_head_output(model, x, p, rope, mask, layer, head)
+
+
+def _query_scale(rope) -> np.ndarray | float:
+    """Ministral 3's per-position query scale (T, 1) after RoPE, part of its rotation step; else 1."""
+    return rope[2][:, None] if len(rope) > 2 else 1.0
 
 
 def _qk_norm(model, layer: int, head: int, x: np.ndarray):
@@ -190,7 +195,8 @@ def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int =
     pos = ("learned positions (added to the embeddings)" if cfg.positions == "learned" else
            "no RoPE in this layer" if rope is None else
            f"RoPE on q and k (HF half-split{', the first %d of %d dims' % (rope.dim, cfg.head_dim) if rope.dim < cfg.head_dim else ''}, "
-           f"theta {rope.theta:g}{', ' + rope.kind + ' scaling' if rope.kind != 'default' else ''})")
+           f"theta {rope.theta:g}{', ' + rope.kind + ' scaling' if rope.kind != 'default' else ''}"
+           f"{'; then q x 1 + %g log(1 + floor(pos / %d))' % (rope.query_beta, rope.original_max) if rope.query_beta else ''})")
     window = f", sliding window {cfg.sliding_window}" if cfg.is_sliding(layer) else ""
     x_is = f"after its {norm}" if cfg.pre_norms else f"as it is ({cfg.model_type} norms attention's output, not its input)"
     header = (f"{model.path}: {cfg.model_type}, layer {layer} of {cfg.n_layers}, head {head} of {cfg.n_heads} "

@@ -90,7 +90,7 @@ def direct_attribution(model, ids, position: int, target: int, vs: int | None = 
     "logit"} — total is the sum of the parts and equals "logit", the model's own pre-cap value."""
     cfg, params = model.config, model.params
     x, kept = layer_inputs(model, ids)
-    u = params["lm_head"][target].astype(np.float64) - (0 if vs is None else params["lm_head"][vs])
+    u = (params["lm_head"][target].astype(np.float64) - (0 if vs is None else params["lm_head"][vs])) * cfg.logits_multiplier
     final = freeze(cfg, params, "final_norm", x[-1][position])
     to_logit = lambda c: final(c) @ u
     heads, attn_bias, attn, mlp = [], [], [], []
@@ -101,6 +101,7 @@ def direct_attribution(model, ids, position: int, target: int, vs: int | None = 
         if cfg.post_norms:  # attribute through attn_post_norm frozen at this block's own input
             post = freeze(cfg, p, "attn_post_norm", c.sum(0) + b)
             c, b = post(c), post(b) + (post.bias if post.bias is not None else 0)
+        c, b = c * cfg.residual_multiplier, b * cfg.residual_multiplier  # Granite scales the block's output
         heads.append(to_logit(c))
         attn_bias.append(float(to_logit(b)))
         attn.append(float(to_logit(kept.kept["attn"][l][position])))

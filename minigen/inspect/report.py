@@ -157,13 +157,16 @@ def format_ablation(r: dict) -> list[str]:
 
 def format_sweep(r: dict, top: int) -> list[str]:
     pos, t = r["position"], r["target"]
-    what = {"heads": "each head", "attn": "each layer's attention block", "mlp": "each layer's MLP"}[r["sweep"]]
+    what = {"heads": "each head", "attn": "each layer's attention block", "mlp": "each layer's MLP",
+            "experts": "each routed expert"}[r["sweep"]]
     order = "KL(before || after)" if r["rank"] == "kl" else f"the drop in log p({t['text']!r})"
     out = [f"ablating {what} in turn ({r['mode']}), ranked by {order}; next token after {pos['index']} {pos['text']!r}",
            f"  before: {top_line(r['top_before'])}   log p({t['text']!r}) = {r['logp_before']:.3f}",
-           f"  {'rank':>4} {'L.H' if r['sweep'] == 'heads' else 'block':>8} {'KL':>8} {'Δ log p':>8}   top token after"]
+           None]
+    width = max([8] + [len(e["name"]) for e in r["effects"][:top]])
+    out[-1] = f"  {'rank':>4} {'L.H' if r['sweep'] == 'heads' else 'block':>{width}} {'KL':>8} {'Δ log p':>8}   top token after"
     for n, e in enumerate(r["effects"][:top], 1):
-        out.append(f"  {n:4d} {e['name']:>8} {e['kl']:8.4f} {e['delta_logp']:+8.3f}   {tok(e['top_after'])} "
+        out.append(f"  {n:4d} {e['name']:>{width}} {e['kl']:8.4f} {e['delta_logp']:+8.3f}   {tok(e['top_after'])} "
                    f"{pct(e['top_after']['p'])}")
     if len(r["effects"]) > top:
         out.append(f"  ... {len(r['effects']) - top} more (--top N, or --json for all)")
@@ -238,4 +241,20 @@ def format_dla(r: dict, top: int) -> list[str]:
     out.append("largest heads: " + "  ".join(f"{l}.{h} {x:+.3f}" for l, h, x in flat[:top]))
     cap = f"; after the final soft-cap ({r['softcap']:g}) the model's value is {r['capped']:+.3f}" if r["softcap"] else ""
     out.append(f"sum of the parts {r['total']:+.4f} = the model's {what} {r['logit']:+.4f} before any soft-cap{cap}")
+    return out
+
+
+def format_routing(r: dict) -> list[str]:
+    """Per layer: each token's experts, best first, with their weights; then how many tokens each expert got."""
+    out = [f"routed experts: {r['experts_per_token']} of {r['n_experts']} per token "
+           f"({r['normalisation']}), {len(r['tokens'])} tokens"]
+    for layer in r["layers"]:
+        out.append(f"layer {layer['layer']}")
+        for route in layer["routes"]:
+            t = route["token"]
+            chosen = "  ".join(f"e{x['expert']:<3d} {x['weight']:.3f}" for x in route["experts"])
+            out.append(f"  {t['index']:4d} {quoted(t['text'])}  {chosen}")
+        load = layer["load"]
+        out.append("  tokens per expert: " + " ".join(f"e{e}:{n}" for e, n in enumerate(load) if n) +
+                   (f"  (unused: {', '.join(f'e{e}' for e, n in enumerate(load) if not n)})" if min(load) == 0 else ""))
     return out

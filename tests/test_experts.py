@@ -1,0 +1,100 @@
+"""Routed experts from outside (minigen/inspect/experts.py, `minigen experts`, `minigen ablate --expert`)
+against transformers: each GraniteMoE fixture's expert_reference.npz holds the routing
+GraniteMoeTopKRouter returned for the prompt (a forward hook) and the logits with experts' down
+projections zeroed (scripts/make_family_fixtures.py)."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import minigen
+from minigen.cli import main
+from minigen.errors import MinigenError
+from minigen.inspect import commands, experts, hooks
+
+from conftest import FIXTURES_DIR
+
+NAMES = ["granitemoe", "granitemoe_v4"]
+
+
+def reference(name):
+    with np.load(FIXTURES_DIR / name / "expert_reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_routing_is_transformers_routing(name):
+    ref = reference(name)
+    model = minigen.load(FIXTURES_DIR / name)[0]
+    rows = experts.routing(model, ref["input_ids"])
+    got = np.stack([r["experts"] for r in rows])                               # (L, T, k)
+    assert got.tolist() == ref["experts"].tolist()
+    np.testing.assert_allclose(np.stack([r["weights"] for r in rows]), ref["weights"], atol=1e-5)
+    k, E = model.config.experts_per_token, model.config.n_experts
+    assert all(r["load"].sum() == k * len(ref["input_ids"]) and len(r["load"]) == E for r in rows)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expert_ablation_equals_transformers_with_the_expert_zeroed(name):
+    ref = reference(name)
+    model = minigen.load(FIXTURES_DIR / name)[0]
+    clean = model.logits(ref["input_ids"])
+    for experts_set, want in zip(json.loads(str(ref["ablations"])), ref["ablated"]):
+        ablated = experts.without_experts(model, [tuple(p) for p in experts_set])
+        got = hooks.logits_of(ablated, hooks.final_residual(ablated, ref["input_ids"]))
+        assert np.abs(got - want).max() <= 1e-4
+        assert np.abs(got - clean).max() > 1e-3
+    np.testing.assert_array_equal(model.logits(ref["input_ids"]), clean)  # the original is untouched
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_experts_command_json_lists_each_token_s_experts():
+    ref = reference("granitemoe")
+    model, tok = minigen.load(FIXTURES_DIR / "granitemoe")
+    prompt = tok.decode(ref["input_ids"], skip_special_tokens=True)
+    r = cli("experts", prompt, "--model", FIXTURES_DIR / "granitemoe", "--json", "--layers", "1")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [layer["layer"] for layer in out["layers"]] == [1]
+    routes = out["layers"][0]["routes"]
+    assert [[x["expert"] for x in t["experts"]] for t in routes] == ref["experts"][1].tolist()
+    text = cli("experts", prompt, "--model", FIXTURES_DIR / "granitemoe")
+    assert text.exit_code == 0 and "layer 0" in text.output and "tokens per expert" in text.output
+
+
+def test_ablate_expert_and_the_sweep_over_experts():
+    path = FIXTURES_DIR / "granitemoe"
+    ref = reference("granitemoe")
+    best = int(ref["experts"][0, -1, 0])
+    tok = minigen.load(path)[1]
+    prompt = tok.decode(ref["input_ids"], skip_special_tokens=True)
+    r = cli("ablate", prompt, "--model", path, "--expert", f"0.{best}", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["components"] == [{"kind": "expert", "layer": 0, "head": None, "expert": best,
+                                  "name": f"expert 0.{best}"}]
+    assert out["kl"] > 0
+    r = cli("ablate", prompt, "--model", path, "--sweep", "experts", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["effects"]) == 2 * 6
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--expert", "0.6"], "expert 6 out of range"),
+    (["--expert", "3"], "LAYER.EXPERT"),
+    (["--expert", "0.1", "--mode", "mean"], "--mode zero"),
+])
+def test_bad_expert_flags_say_what_is_wrong(args, words):
+    r = cli("ablate", "hello", "--model", FIXTURES_DIR / "granitemoe", *args)
+    assert r.exit_code != 0 and words in r.output and "Traceback" not in r.output
+
+
+def test_a_dense_model_has_no_experts():
+    r = cli("experts", "hello", "--model", FIXTURES_DIR / "granite")
+    assert r.exit_code == 1 and "no routed experts" in r.output
+    with pytest.raises(MinigenError, match="no routed experts"):
+        commands.components(minigen.load(FIXTURES_DIR / "granite")[0], None, None, None, "0.1")
