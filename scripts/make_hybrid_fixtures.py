@@ -68,8 +68,10 @@ def qwen3_5(v, s):
     vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=32, patch_size=4,
                   temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
     return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True,
-                                      image_token_id=v - 1, video_token_id=v - 2, vision_start_token_id=v - 3,
-                                      vision_end_token_id=v - 4)
+                                      # ids the fixture's prompt and greedy tokens do not use (minigen refuses
+                                      # an image token in a prompt; transformers reads them only with pixels)
+                                      image_token_id=v - 2, video_token_id=v - 3, vision_start_token_id=v - 4,
+                                      vision_end_token_id=v - 6)
 
 
 def lfm2(v, s, **kw):

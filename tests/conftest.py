@@ -50,7 +50,7 @@ FIXTURES = {
 HYBRID_FIXTURES = {
     "qwen3_5_text": "qwen3_5_text",
     "qwen3_5_text_v4": "qwen3_5_text",
-    "qwen3_5": "qwen3_5",
+    "qwen3_5": "qwen3_5_text",   # as published: the wrapper around its text model
     "lfm2": "lfm2",
     "lfm2_v4": "lfm2",
     "granitemoehybrid": "granitemoehybrid",

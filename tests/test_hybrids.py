@@ -29,7 +29,8 @@ def pieces(model, ids, bounds=PIECES) -> np.ndarray:
 
 def test_qwen3_5_as_published():
     c = load_config(REAL / "Qwen3.5-0.8B.json")
-    assert (c.model_type, c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == ("qwen3_5", 24, 1024, 8, 2, 256)
+    assert (c.wrapper, c.model_type) == ("qwen3_5", "qwen3_5_text")      # the text model of the published wrapper
+    assert (c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == (24, 1024, 8, 2, 256)
     assert c.layer_mixers == ("gated_delta", "gated_delta", "gated_delta", "attention") * 6
     m = c.delta_net
     assert (m.key_heads, m.value_heads, m.key_dim, m.value_dim, m.conv_kernel) == (16, 16, 128, 128, 4)
