@@ -25,6 +25,7 @@ not taken from minigen.
 """
 from __future__ import annotations
 
+import json
 import sys
 import zlib
 from pathlib import Path
@@ -81,7 +82,10 @@ def guide_windows(model, ids: np.ndarray):
 def make(name: str):
     d = FIXTURES / name
     ref = np.load(d / "reference.npz")
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    auto = transformers.AutoModelForCausalLM
+    if json.loads((d / "config.json").read_text())["model_type"] == "mistral3":  # a wrapper with no CausalLM class
+        auto = transformers.AutoModelForImageTextToText
+    model = auto.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     tok = transformers.AutoTokenizer.from_pretrained(d)
     ids = np.concatenate([ref["input_ids"], ref["greedy_ids"][:-1]])
     with torch.no_grad():
@@ -92,7 +96,9 @@ def make(name: str):
     assert (greedy.argmax(-1) == ref["greedy_ids"]).all(), "greedy ids differ from reference.npz"
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     bos = adds_bos(tok)
-    ppl_ids = rng.integers(0, min(len(tok), model.config.vocab_size), N).astype(np.int64)
+    vocab = min(len(tok), model.config.get_text_config().vocab_size)
+    images = [i for i in (getattr(model.config, k, None) for k in ("image_token_id", "image_token_index")) if i is not None]
+    ppl_ids = rng.choice(np.setdiff1d(np.arange(vocab), images), N).astype(np.int64)  # a wrapper's image ids left out
     if bos is not None:
         ppl_ids[0] = bos
     llama_losses, llama_counts = llama_chunks(model, ppl_ids, bos)
