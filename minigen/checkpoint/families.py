@@ -322,6 +322,24 @@ QWEN3_5 = _llama_tensors(
     w_in=tuple(_Q + f"linear_attn.in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
     conv_w=_Q + "linear_attn.conv1d.weight", A_log=_Q + "linear_attn.A_log", dt_bias=_Q + "linear_attn.dt_bias",
     gate_norm=_Q + "linear_attn.norm.weight", w_out=_Q + "linear_attn.out_proj.weight")
+LFM2 = _llama_tensors(
+    final_norm="model.embedding_norm.weight", attn_norm=_Q + "operator_norm.weight",
+    mlp_norm=_Q + "ffn_norm.weight", wo=_Q + "self_attn.out_proj.weight",
+    q_norm=_Q + "self_attn.q_layernorm.weight", k_norm=_Q + "self_attn.k_layernorm.weight",
+    w_gate_up=(_Q + "feed_forward.w1.weight", _Q + "feed_forward.w3.weight"), w_down=_Q + "feed_forward.w2.weight",
+    w_in=_Q + "conv.in_proj.weight", b_in=_Q + "conv.in_proj.bias", conv_w=_Q + "conv.conv.weight",
+    conv_b=_Q + "conv.conv.bias", w_out=_Q + "conv.out_proj.weight", b_out=_Q + "conv.out_proj.bias")
+_MAMBA = dict(w_in=_Q + "mamba.in_proj.weight", b_in=_Q + "mamba.in_proj.bias", conv_w=_Q + "mamba.conv1d.weight",
+              conv_b=_Q + "mamba.conv1d.bias", A_log=_Q + "mamba.A_log", dt_bias=_Q + "mamba.dt_bias", D=_Q + "mamba.D",
+              gate_norm=_Q + "mamba.norm.weight", w_out=_Q + "mamba.out_proj.weight", b_out=_Q + "mamba.out_proj.bias")
+GRANITE_HYBRID = _llama_tensors(w_gate_up=_Q + "shared_mlp.input_linear.weight",
+                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA)
+FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_Q + "pre_ff_layernorm.weight",
+                           w_gate_up=(_Q + "feed_forward.gate_proj.weight", _Q + "feed_forward.up_proj.weight"),
+                           b_gate_up=(_Q + "feed_forward.gate_proj.bias", _Q + "feed_forward.up_proj.bias"),
+                           w_down=_Q + "feed_forward.down_proj.weight", b_down=_Q + "feed_forward.down_proj.bias",
+                           **_MAMBA)
+
 
 def _silu_conv(get: Fields, f: dict):
     """Gated DeltaNet and Mamba2 run their conv's output through hidden_act; minigen's mixers use SiLU."""
