@@ -27,6 +27,13 @@ kind. What llama.cpp did, per family:
     phi3             nothing to the matrices (qkv_proj and gate_up_proj stay fused); longrope's factors
                      written as tensors (rope_factors_long/short)
     qwen2/3, olmo2   nothing; an olmo2 file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
+    qwen3_5_text     (qwen35) norms as 1 + w but the gated one; A_log as -exp(A_log); dt_bias renamed; the conv
+                     squeezed; value heads tiled (QWEN3_5_FIXES); an MTP block appended (dropped: nextn_predict_layers)
+    lfm2             the short conv squeezed; head_count_kv per layer (0: a conv layer); the MLP width adjusted
+    granitemoehybrid (granitehybrid) Mamba2 as below, q/k permuted, shared_mlp.input_linear split into ffn_gate
+                     and ffn_up; head_count_kv 0 on a Mamba2 layer
+    falcon_h1        every µP multiplier folded into the weights, none written; Mamba2 (MAMBA2_FIXES):
+                     A_log as -exp(A_log) (H, 1), D (H, 1), the conv (C, K), the group norm (G, I/G)
 Tensor names are not written by hand: the `gguf` package's own table (gguf.TensorNameMap, the one
 convert_hf_to_gguf.py renames with) maps each of the family's HF names to its GGUF name.
 

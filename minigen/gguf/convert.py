@@ -2,12 +2,13 @@
 
 Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
 qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2 (OLMo 2 and 3), gptneox, smollm3, granite, granitemoe,
-mistral3), every tensor type the `gguf` package dequantises. The steps:
+mistral3, and the hybrids qwen35, lfm2, granitehybrid, falcon-h1), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
      and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
   2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
-     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
+     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order, the
+     recurrent layers' -exp(A_log), squeezed convs and Qwen3.5's tiled value heads; split tensors joined), check it is
      finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
      reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
      The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
