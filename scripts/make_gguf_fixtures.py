@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import CORPUS, PROMPT_WORDS, randomise  # noqa: E402
+import make_hybrid_fixtures as hybrid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -198,6 +199,46 @@ SPECS = {
                                                               "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
                                                               "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
                                              **s)),
+    # The hybrids (the configs of scripts/make_hybrid_fixtures.py, its randomisation, its tokenizers), with prompts
+    # longer than the 64-token Gated DeltaNet chunk.
+    # Qwen3.5 as published (a vision tower, which the converter leaves out) with a multi-token-prediction block, as
+    # real checkpoints have and current llama.cpp converts (extra blk.4, qwen35.nextn_predict_layers = 1):
+    # 2 key heads and 4 value heads, so that llama.cpp tiles the value heads
+    "qwen3_5": dict(bpe="qwen3_5_text", pre="qwen35", outtype="f32", ref="transformers-hf", family="qwen3_5",
+                    config=hybrid.qwen3_5, randomise=hybrid.randomise, mtp=True, prompt_tokens=80),
+    # the text-only class, untied, one key head per value head (no tiling), converted without MTP (--no-mtp)
+    "qwen3_5_text": dict(bpe="qwen3_5_text", pre="qwen35", outtype="f32", ref="transformers-hf",
+                         family="qwen3_5_text", randomise=hybrid.randomise, args=["--no-mtp"], prompt_tokens=80,
+                         config=lambda v, s: hybrid.qwen3_5_text(v, s, linear_num_value_heads=2)),
+    # short convs, head_count_kv per layer (0: a conv layer), the MLP width adjusted by the converter (120 -> 80);
+    # no conv biases (llama.cpp's converter squeezes conv.conv.bias as if it were the kernel, and fails)
+    "lfm2": dict(bpe="lfm2", pre="lfm2", outtype="f32", ref="transformers-hf", family="lfm2",
+                 randomise=hybrid.randomise, prompt_tokens=80,
+                 config=lambda v, s: hybrid.lfm2(v, s, intermediate_size=120)),
+    # Granite 4.0-H: layer_types spelt as on the hub ("mamba"/"attention"; llama.cpp's converter knows no
+    # other), the MLP as wide as the shared one (llama.cpp sizes ffn_gate by feed_forward_length), no experts
+    # chosen per token (llama.cpp refuses num_experts_per_tok > num_local_experts = 0; dense releases say 0)
+    "granitemoehybrid": dict(bpe="granitemoehybrid", pre="gpt-2", outtype="f32", ref="transformers-hf",
+                             family="granitemoehybrid", randomise=hybrid.randomise, prompt_tokens=80,
+                             config=lambda v, s: hybrid.granite(v, s, intermediate_size=48, num_experts_per_tok=0),
+                             patch=lambda c: c.update(layer_types=["attention" if t == "full_attention" else "mamba"
+                                                                   for t in c["layer_types"]])),
+    # the same at Q8_0 (the converter's --outtype q8_0), tied embeddings: the source's matrices are put on the Q8_0
+    # grid first, so that the file holds them exactly and transformers on the source is the reference still.
+    # (NoPE, as every Granite 4.0-H: llama.cpp's converter writes rope.scaling.finetuned false, no RoPE, for any
+    # model with Mamba2 layers, whatever position_embedding_type says)
+    "granitemoehybrid_q8_0": dict(bpe="granitemoehybrid", pre="gpt-2", outtype="q8_0", ref="transformers-hf",
+                                  family="granitemoehybrid", randomise=hybrid.randomise, prompt_tokens=80, grid="q8_0",
+                                  config=lambda v, s: hybrid.granite(v, s, intermediate_size=48, num_experts_per_tok=0,
+                                                                     tie_word_embeddings=True),
+                                  patch=lambda c: c.update(layer_types=["attention" if t == "full_attention" else
+                                                                        "mamba" for t in c["layer_types"]])),
+    # Falcon-H1 with the gated norm in 2 groups after the gate (llama.cpp's order) and every µP multiplier,
+    # which llama.cpp's converter folds into the weights
+    "falcon_h1": dict(bpe="falcon_h1", pre="falcon-h1", outtype="f32", ref="transformers-hf", family="falcon_h1",
+                      randomise=hybrid.randomise, prompt_tokens=80,
+                      config=lambda v, s: hybrid.falcon_h1(v, s, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                                                           mamba_n_groups=2)),
     # every tensor type llama-quantize makes without an importance matrix, one per matrix (rows of 256 for K-quants)
     "quants": dict(bpe="llama_gqa3", pre="smollm", outtype="f32", ref="transformers-gguf", family="llama",
                    config=lambda v, s: cfg("LlamaConfig", vocab_size=v, hidden_size=256, intermediate_size=64,
@@ -295,17 +336,65 @@ def source(name: str, spec: dict, path: Path, seed: int = 0) -> Path:
         else:
             config = spec["config"](vocab, ids)
         torch.manual_seed(sum(map(ord, name)) + seed)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        randomise(model, spec.get("family", config.model_type))
+        if config.model_type == "qwen3_5":  # the published class, vision tower included
+            model = transformers.Qwen3_5ForConditionalGeneration._from_config(config, dtype=torch.float32)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if "randomise" in spec:
+            spec["randomise"](model)
+        else:
+            randomise(model, spec.get("family", config.model_type))
         for k, v in ids.items():
             setattr(model.generation_config, k, v)
         model.save_pretrained(path)
+        if spec.get("mtp"):
+            add_mtp(path)
     if "patch" in spec:
         c = json.loads((path / "config.json").read_text())
         spec["patch"](c)
         (path / "config.json").write_text(json.dumps(c, indent=2))
     round_f16(path)
+    if "grid" in spec:
+        on_grid(path, spec["grid"])
     return path
+
+
+def add_mtp(path: Path) -> None:
+    """Qwen3.5's multi-token-prediction head (`mtp.*`, mtp_num_hidden_layers 1), random, as published checkpoints
+    carry it: a full-attention layer (a copy of the last one's shapes) and its fc and norms. transformers does
+    not load it; llama.cpp's converter writes it as one more block."""
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    cfg = json.loads((path / "config.json").read_text())
+    text = cfg["text_config"]
+    last = f"model.language_model.layers.{text['num_hidden_layers'] - 1}."
+    hidden = text["hidden_size"]
+    g = torch.Generator().manual_seed(5)
+    for k, v in list(tensors.items()):
+        if k.startswith(last):
+            tensors["mtp.layers.0." + k[len(last):]] = torch.randn(v.shape, generator=g) * 0.1 + (v.ndim == 1)
+    tensors["mtp.fc.weight"] = torch.randn((hidden, 2 * hidden), generator=g) * 0.1
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{n}.weight"] = torch.randn(hidden, generator=g) * 0.1
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    text["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def on_grid(path: Path, qtype: str) -> None:
+    """Every matrix whose rows are whole blocks of the quantisation type, rounded to it (quantised and
+    dequantised by the gguf package): llama.cpp's converter then stores them exactly."""
+    import gguf as g
+
+    kind = g.GGMLQuantizationType[qtype.upper()]
+    block = g.GGML_QUANT_SIZES[kind][0]
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    for k, v in tensors.items():
+        if v.ndim == 2 and v.shape[-1] % block == 0:
+            w = v.numpy().astype(np.float32)
+            tensors[k] = torch.from_numpy(g.quants.dequantize(g.quants.quantize(w, kind), kind).reshape(w.shape))
+    save_file(tensors, str(file), metadata={"format": "pt"})
 
 
 # --- llama.cpp ------------------------------------------------------------------------------------------------
@@ -333,10 +422,10 @@ convert_hf_to_gguf.main()
 """
 
 
-def to_gguf(src: Path, out: Path, outtype: str, pre: str | None) -> None:
+def to_gguf(src: Path, out: Path, outtype: str, pre: str | None, args: list | None = None) -> None:
     code = CONVERT.format(root=str(LLAMA_CPP))
-    r = subprocess.run([sys.executable, "-c", code, pre or "-", str(src), "--outfile", str(out), "--outtype", outtype],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    r = subprocess.run([sys.executable, "-c", code, pre or "-", str(src), "--outfile", str(out), "--outtype", outtype,
+                        *(args or [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode:
         sys.exit(f"convert_hf_to_gguf.py failed on {src.name}:\n{r.stderr[-3000:]}")
 
@@ -373,8 +462,9 @@ def run(model, ids: list[int]) -> dict:
 
 def load_hf(path: Path, gguf_file: str | None = None):
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
-                                                             **kw).eval()
+    published = not gguf_file and json.loads((path / "config.json").read_text())["model_type"] == "qwen3_5"
+    cls = transformers.Qwen3_5ForConditionalGeneration if published else transformers.AutoModelForCausalLM
+    return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **kw).eval()
 
 
 def tensor_types(gguf: Path) -> dict:
@@ -407,8 +497,11 @@ def make(name: str, spec: dict, work: Path) -> dict:
             to_gguf(src, f32, "f32", spec.get("pre"))
             quantize(f32, gguf, spec["quantize"])
         else:
-            to_gguf(src, gguf, spec["outtype"], spec.get("pre"))
-        prompt_ids = llama_tokenize(gguf, " ".join(PROMPT_WORDS))[:PROMPT_TOKENS]
+            to_gguf(src, gguf, spec["outtype"], spec.get("pre"), spec.get("args"))
+        n_prompt = spec.get("prompt_tokens", PROMPT_TOKENS)
+        words = PROMPT_WORDS * (3 if "prompt_tokens" in spec else 1)  # the same prompts as before for the others
+        prompt_ids = llama_tokenize(gguf, " ".join(words))[:n_prompt]
+        assert len(prompt_ids) == n_prompt, f"{name}: the prompt has only {len(prompt_ids)} tokens"
         hf = run(load_hf(src), prompt_ids)
         info = {"reference": spec["ref"], "source": spec.get("fixture", "built by this script"),
                 "size": gguf.stat().st_size, "seed": seed, "types": tensor_types(gguf)}

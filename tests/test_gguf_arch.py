@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -152,8 +153,9 @@ def test_neox_fixes_are_inverse():
     """Loading an HF GPT-NeoX groups q, k, v (neox_qkv); converting llama.cpp's grouped rows gives HF's
     per-head order back (neox_per_head): one undoes the other, on matrices and biases."""
     w = np.arange(4 * 3 * 6 * 5, dtype=np.float32).reshape(72, 5)
+    cfg = SimpleNamespace(n_heads=4, n_kv_heads=4)
     for x in (w, w[:, 0].copy()):
-        np.testing.assert_array_equal(FIXES["neox_per_head"](FIXES["neox_qkv"](x, 4, 4), 4, 4), x)
+        np.testing.assert_array_equal(FIXES["neox_per_head"](FIXES["neox_qkv"](x, cfg), cfg), x)
 
 
 def test_one_registry():
@@ -161,7 +163,9 @@ def test_one_registry():
     one table, and only a family with parameters llama.cpp writes as tensors accepts them."""
     assert ARCHS == {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
                      "gemma3": "gemma3_text", "phi3": "phi3", "gpt2": "gpt2", "olmo2": "olmo2", "gptneox": "gpt_neox",
-                     "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "mistral3": "ministral3"}
+                     "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "mistral3": "ministral3",
+                     "qwen35": "qwen3_5_text", "lfm2": "lfm2", "granitehybrid": "granitemoehybrid",
+                     "falcon-h1": "falcon_h1"}
     for name, family in FAMILIES.items():
         assert set(family.fix.values()) <= set(FIXES), name
         if family.gguf:

@@ -26,7 +26,9 @@ NAMES = sorted(ARCHS)
 FAMILY = {"llama": "llama", "llama_bias": "llama", "llama3_rope": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
           "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "phi3_longrope": "phi3",
           "gpt2": "gpt2", "olmo2": "olmo2", "gpt_neox": "gpt_neox", "smollm3": "smollm3", "quants": "llama",
-          "granite": "granite", "granitemoe": "granitemoe", "olmo3": "olmo3", "mistral3": "ministral3"}
+          "granite": "granite", "granitemoe": "granitemoe", "olmo3": "olmo3", "mistral3": "ministral3",
+          "qwen3_5": "qwen3_5_text", "qwen3_5_text": "qwen3_5_text", "lfm2": "lfm2",
+          "granitemoehybrid": "granitemoehybrid", "granitemoehybrid_q8_0": "granitemoehybrid", "falcon_h1": "falcon_h1"}
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,13 @@ kind. What llama.cpp did, per family:
     phi3             nothing to the matrices (qkv_proj and gate_up_proj stay fused); longrope's factors
                      written as tensors (rope_factors_long/short)
     qwen2/3, olmo2   nothing; an olmo2 file with a sliding window is OLMo 3 (llama.cpp writes both as olmo2)
+    qwen3_5_text     (qwen35) norms as 1 + w but the gated one; A_log as -exp(A_log); dt_bias renamed; the conv
+                     squeezed; value heads tiled (QWEN3_5_FIXES); an MTP block appended (dropped: nextn_predict_layers)
+    lfm2             the short conv squeezed; head_count_kv per layer (0: a conv layer); the MLP width adjusted
+    granitemoehybrid (granitehybrid) Mamba2 as below, q/k permuted, shared_mlp.input_linear split into ffn_gate
+                     and ffn_up; head_count_kv 0 on a Mamba2 layer
+    falcon_h1        every µP multiplier folded into the weights, none written; Mamba2 (MAMBA2_FIXES):
+                     A_log as -exp(A_log) (H, 1), D (H, 1), the conv (C, K), the group norm (G, I/G)
 Tensor names are not written by hand: the `gguf` package's own table (gguf.TensorNameMap, the one
 convert_hf_to_gguf.py renames with) maps each of the family's HF names to its GGUF name.
 
@@ -70,6 +77,10 @@ class Gguf:
     rope_dims: str = "full"               # "full": rope.dimension_count must be head_dim; "partial": may be less
     rope_factors: str | None = None       # "llama3": a rope_freqs tensor; "longrope": rope_factors_long/short
     spell: Callable = lambda cfg: cfg     # the family's own config.json names, where it has them
+    tensors: dict = field(default_factory=dict)  # canonical tensor -> its GGUF name without "blk.N.", where the
+    #                                       gguf package's table has none or another; a tuple: the GGUF tensors
+    #                                       llama.cpp split it into by rows, joined again (Granite 4.0-H's MLP)
+    recurrent: bool = False               # attention.head_count_kv 0 marks a recurrent layer (LFM2, Granite 4.0-H)
 
 
 @dataclass(frozen=True)
@@ -622,6 +633,88 @@ def _gguf_mistral3(m, t) -> dict:
     return out
 
 
+def _gguf_qwen3_5(m, t) -> dict:
+    """Qwen3.5 (qwen35): the Gated DeltaNet sizes from ssm.* (state_size: a key head's dims, group_count: key
+    heads, time_step_rank: value heads, inner_size: all value heads' dims), which layers are attention from
+    attention.recurrent_layers or full_attention_interval (llama.cpp's default 4). The MRoPE sections
+    (rope.dimension_sections) are not read: text positions are the same in all three."""
+    n = m.layers()
+    flags = m.raw.get(f"{m.arch}.attention.recurrent_layers")
+    if flags is None:
+        every = m.int("full_attention_interval", default=4)
+        flags = [(i + 1) % every != 0 for i in range(n)]
+    elif not (isinstance(flags, list) and len(flags) >= n and all(isinstance(f, bool) for f in flags)):
+        m.fail("attention.recurrent_layers", f"should list a flag for each of the {n} layers")
+    heads, inner = m.int("ssm.time_step_rank"), m.int("ssm.inner_size")
+    if inner % heads:
+        m.fail("ssm.inner_size", f"({inner}) is not a multiple of ssm.time_step_rank ({heads}), the value heads")
+    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "layer_types": ["linear_attention" if f else "full_attention" for f in flags[:n]],
+            "linear_conv_kernel_dim": m.int("ssm.conv_kernel"), "linear_key_head_dim": m.int("ssm.state_size"),
+            "linear_num_key_heads": m.int("ssm.group_count"), "linear_num_value_heads": heads,
+            "linear_value_head_dim": inner // heads, "attention_bias": False}
+
+
+def _gguf_lfm2(m, t) -> dict:
+    """LFM2: a layer is a short conv where attention.head_count_kv is 0; feed_forward_length is the MLP's width
+    after Lfm2MLP's adjustment (llama.cpp's converter made it), so no adjustment is asked for again."""
+    if m.int("attention.sliding_window", default=0, minimum=0):
+        m.fail("attention.sliding_window", "is set; minigen runs LFM2 with full attention only")
+    return {"hidden_act": "silu", "norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "layer_types": ["conv" if kv == 0 else "full_attention" for kv in m.head_counts_kv()],
+            "conv_L_cache": m.int("shortconv.l_cache"), "conv_bias": t.any("shortconv.conv.bias"),
+            "block_auto_adjust_ff_dim": False}
+
+
+def _gguf_mamba2(m, t, inner: int) -> dict:
+    """The Mamba2 fields Granite 4.0-H and Falcon-H1 share: heads (ssm.time_step_rank), groups, state, conv,
+    biases by their tensors."""
+    heads = m.int("ssm.time_step_rank")
+    if inner % heads:
+        m.fail("ssm.inner_size", f"({inner}) is not a multiple of ssm.time_step_rank ({heads}), the heads")
+    return {"hidden_act": "silu", "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon"),
+            "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_n_groups": m.int("ssm.group_count"),
+            "mamba_d_state": m.int("ssm.state_size"), "mamba_d_conv": m.int("ssm.conv_kernel"),
+            "mamba_conv_bias": t.any("ssm_conv1d.bias"), "mamba_proj_bias": t.any("ssm_in.bias")}
+
+
+def _gguf_granite_hybrid(m, t) -> dict:
+    """Granite 4.0-H (granitehybrid): a layer is Mamba2 where attention.head_count_kv is 0; Granite's multipliers
+    as llama.cpp reads them (none required: no logit_scale is no scaling, no attention.scale 1/sqrt(head_dim));
+    RoPE only when rope.scaling.finetuned says so (llama.cpp's switch for it, default on); the shared MLP's width
+    (expert_shared_feed_forward_length, else feed_forward_length). Only the dense models: expert_count 0."""
+    if m.int("expert_count", default=0, minimum=0):
+        m.fail("expert_count", f"is {m.raw[m.arch + '.expert_count']}; minigen runs the dense Granite 4.0 models "
+                               f"(expert_count 0), not the MoE ones")
+    hidden, inner = m.int("embedding_length"), m.int("ssm.inner_size")
+    if inner % hidden:
+        m.fail("ssm.inner_size", f"({inner}) is not a multiple of embedding_length ({hidden}), the Mamba2 expansion")
+    head_dim = m.int("attention.key_length", default=hidden // m.int("attention.head_count"))
+    return {**_gguf_mamba2(m, t, inner), "mamba_expand": inner // hidden, "num_local_experts": 0,
+            "layer_types": ["mamba" if kv == 0 else "attention" for kv in m.head_counts_kv()],
+            "position_embedding_type": "rope" if m.bool("rope.scaling.finetuned", default=True) else "nope",
+            "shared_intermediate_size": m.int("expert_shared_feed_forward_length",
+                                              default=m.int("feed_forward_length")),
+            "logits_scaling": m.float("logit_scale", default=1.0),
+            "attention_multiplier": m.float("attention.scale", default=head_dim ** -0.5),
+            "residual_multiplier": m.float("residual_scale", default=1.0),
+            "embedding_multiplier": m.float("embedding_scale", default=1.0),
+            "attention_bias": t.any("attn_q.bias")}
+
+
+def _gguf_falcon_h1(m, t) -> dict:
+    """Falcon-H1: llama.cpp's converter folded every µP multiplier into the weights (embeddings, lm_head, q/k/v,
+    o, in_proj's five parts, out_proj, gate, down) and writes none, so each is 1 here; the output's gated norm
+    when ssm_norm is there, the gate applied first (llama.cpp's order)."""
+    inner = m.int("ssm.inner_size")
+    return {**_gguf_mamba2(m, t, inner), "mamba_d_ssm": inner, "mamba_rms_norm": t.any("ssm_norm.weight"),
+            "mamba_norm_before_gate": False, "projectors_bias": t.any("ssm_out.bias"),
+            "attention_bias": t.any("attn_q.bias"), "embedding_multiplier": 1.0, "lm_head_multiplier": 1.0,
+            "key_multiplier": 1.0, "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0,
+            "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "ssm_multipliers": [1.0] * 5,
+            "mlp_multipliers": [1.0, 1.0]}
+
+
 def _neox_names(cfg: dict) -> dict:
     """Pythia's config.json spells partial rotary and the RoPE base its own way."""
     out = dict(cfg, rotary_emb_base=cfg["rope_theta"])
@@ -641,8 +734,9 @@ def _gpt2_names(cfg: dict) -> dict:
 
 # --- the tensor fixes: one table, on whole tensors in HF's (out, in) orientation (a vector: its rows) ----------
 #
-# Each takes (w, n_heads, n_kv_heads). `fix` of a family applies one when a Hugging Face checkpoint is
-# loaded; `Gguf.fixes` when a GGUF is converted into one (undoing what llama.cpp's converter did).
+# Each takes (w, cfg), cfg the checkpoint's engine Config (heads, KV heads, the recurrent layers' sizes).
+# `fix` of a family applies one when a Hugging Face checkpoint is loaded; `Gguf.fixes` when a GGUF is
+# converted into one (undoing what llama.cpp's converter did; those may also change the tensor's shape).
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of llama.cpp's `permute` (conversion/llama.py): per head, interleaved RoPE pairs -> HF's two halves."""
@@ -674,16 +768,59 @@ def gated_q(w: np.ndarray, heads: int, kv: int) -> np.ndarray:
                                                 qg[:, 1].reshape(heads * d, *w.shape[1:])]))
 
 
+def untile(w: np.ndarray, groups: int, per_group: int, axis: int = 0) -> np.ndarray:
+    """Inverse of llama.cpp's _reorder_v_heads (conversion/qwen.py): Qwen3.5 keeps its value heads grouped by
+    key head ([k0's v0..v(r-1)], [k1's ...]); llama.cpp tiles them ([v0 of every k], [v1 of every k], ...)
+    along `axis` so that ggml can broadcast the key heads. Each head spans the axis's length / (G r) entries."""
+    x = np.moveaxis(w, axis, 0)
+    d = x.shape[0] // (groups * per_group)
+    # (r, G, d, ...) -> (G, r, d, ...)
+    x = x.reshape(per_group, groups, d, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+    return np.ascontiguousarray(np.moveaxis(x, 0, axis))
+
+
+def a_log(w: np.ndarray) -> np.ndarray:
+    """A_log back from llama.cpp's ssm_a = -exp(A_log) (Mamba2, Gated DeltaNet), as a vector."""
+    if not np.all(w < 0):
+        raise MinigenError("holds values that are not negative, so it is not llama.cpp's -exp(A_log)")
+    return np.log(-w.astype(np.float64)).astype(np.float32).reshape(-1)
+
+
+def _untile_heads(w: np.ndarray, c, axis: int = 0) -> np.ndarray:
+    """Qwen3.5's value heads along `axis` back in HF's order (c: the Config, its delta_net sizes)."""
+    dn = c.delta_net
+    return untile(w, dn.key_heads, dn.value_heads // dn.key_heads, axis)
+
+
+def _untile_qkv(w: np.ndarray, c) -> np.ndarray:
+    """in_proj_qkv's rows (or the conv's channels) [q; k; v]: only v's heads were tiled."""
+    qk = 2 * c.delta_net.key_heads * c.delta_net.key_dim
+    return np.concatenate([w[:qk], _untile_heads(w[qk:], c)])
+
+
 FIXES = {
-    "conv1d": lambda w, heads, kv: np.ascontiguousarray(w.T),     # GPT-2's Conv1D stores (in, out)
-    "neox_qkv": lambda w, heads, kv: neox_group(w, heads),        # HF GPT-NeoX -> minigen's fused order
-    "neox_per_head": lambda w, heads, kv: neox_interleave(w, heads),  # llama.cpp's GPT-NeoX -> HF's
-    "unpermute_q": lambda w, heads, kv: unpermute(w, heads),      # llama.cpp's Llama q -> HF's
-    "unpermute_k": lambda w, heads, kv: unpermute(w, kv),         # ... and k, by KV heads
-    "gated_q": lambda w, heads, kv: gated_q(w, heads, kv),        # Qwen3.5's q and output gate, per head
-    "depthwise": lambda w, heads, kv: np.ascontiguousarray(w.reshape(w.shape[0], w.shape[-1])),  # (C, 1, K) -> (C, K)
+    "conv1d": lambda w, c: np.ascontiguousarray(w.T),               # GPT-2's Conv1D stores (in, out)
+    "neox_qkv": lambda w, c: neox_group(w, c.n_heads),              # HF GPT-NeoX -> minigen's fused order
+    "neox_per_head": lambda w, c: neox_interleave(w, c.n_heads),    # llama.cpp's GPT-NeoX -> HF's
+    "unpermute_q": lambda w, c: unpermute(w, c.n_heads),            # llama.cpp's Llama q -> HF's
+    "unpermute_k": lambda w, c: unpermute(w, c.n_kv_heads),         # ... and k, by KV heads
+    "gated_q": lambda w, c: gated_q(w, c.n_heads, c.n_kv_heads),    # Qwen3.5's q and output gate, per head
+    "depthwise": lambda w, c: np.ascontiguousarray(w.reshape(w.shape[0], w.shape[-1])),  # (C, 1, K) -> (C, K)
+    # llama.cpp's recurrent layers, undone when a GGUF is converted (GGUF rows x columns in, HF's shape out)
+    "channels": lambda w, c: w.reshape(w.shape[0], 1, w.shape[1]),  # ssm_conv1d, shortconv (C, K) -> (C, 1, K)
+    "vector": lambda w, c: w.reshape(-1),                            # Mamba2's ssm_d (H, 1), ssm_norm (G, I/G)
+    "a_log": lambda w, c: a_log(w),                                  # Mamba2's ssm_a = -exp(A_log), (H, 1)
+    "dn_rows": lambda w, c: _untile_heads(w, c),                     # Qwen3.5's z, b, a rows, dt_bias
+    "dn_a_log": lambda w, c: _untile_heads(a_log(w), c),             # ... its ssm_a
+    "dn_qkv": lambda w, c: _untile_qkv(w, c),                        # ... in_proj_qkv: v's rows
+    "dn_conv": lambda w, c: _untile_qkv(w, c).reshape(w.shape[0], 1, w.shape[1]),  # ... the conv: v's channels
+    "dn_out": lambda w, c: _untile_heads(w, c, axis=1),              # ... out_proj: v's columns
 }
 PERMUTED = {"attn_q": "unpermute_q", "attn_k": "unpermute_k"}
+MAMBA2_FIXES = {"ssm_a": "a_log", "ssm_d": "vector", "ssm_norm": "vector", "ssm_conv1d.weight": "channels"}
+QWEN3_5_FIXES = {"ssm_a": "dn_a_log", "ssm_dt": "dn_rows", "attn_gate": "dn_rows", "ssm_beta": "dn_rows",
+                 "ssm_alpha": "dn_rows", "attn_qkv": "dn_qkv", "ssm_conv1d.weight": "dn_conv", "ssm_out": "dn_out"}
+DT_BIAS = {"dt_bias": "ssm_dt.bias"}  # llama.cpp's converter renames dt_bias to dt_proj.bias before its table
 
 
 # --- the table ------------------------------------------------------------------------------------------------
@@ -734,13 +871,23 @@ FAMILIES = {
     "qwen3_5_text": Family(QWEN3_5, features=dict(qk_norm="head", attn_gate=True), read=_qwen3_5, norm_offset=1.0,
                            plain_norms=("gate_norm",), fix={"wqkv": "gated_q", "conv_w": "depthwise"},
                            defaults=dict(head_dim=256, max_position_embeddings=32768, partial_rotary_factor=0.25),
-                           skipped=("mtp.",)),
+                           skipped=("mtp.",),
+                           gguf=Gguf("qwen35", "Qwen3_5ForCausalLM", _gguf_qwen3_5, fixes=QWEN3_5_FIXES,
+                                     rope_dims="partial", tensors=DT_BIAS)),
     "lfm2": Family(LFM2, features=dict(qk_norm="head"), read=_lfm2, fix={"conv_w": "depthwise"},
-                   defaults=dict(norm_eps=1e-5, max_position_embeddings=128000, rope_theta=1000000.0)),
+                   defaults=dict(norm_eps=1e-5, max_position_embeddings=128000, rope_theta=1000000.0),
+                   gguf=Gguf("lfm2", "Lfm2ForCausalLM", _gguf_lfm2, fixes={"shortconv.conv.weight": "channels"},
+                             recurrent=True)),
     "granitemoehybrid": Family(GRANITE_HYBRID, read=_granite_hybrid, fix={"conv_w": "depthwise"},
-                               defaults=dict(max_position_embeddings=2048)),
+                               defaults=dict(max_position_embeddings=2048),
+                               gguf=Gguf("granitehybrid", "GraniteMoeHybridForCausalLM", _gguf_granite_hybrid,
+                                         fixes={**PERMUTED, **MAMBA2_FIXES}, recurrent=True,
+                                         tensors={**DT_BIAS, "w_gate_up": ("ffn_gate.weight", "ffn_up.weight"),
+                                                  "w_down": "ffn_down.weight"})),
     "falcon_h1": Family(FALCON_H1, read=_falcon_h1, fix={"conv_w": "depthwise"},
-                        defaults=dict(norm_eps=1e-5, max_position_embeddings=8192)),
+                        defaults=dict(norm_eps=1e-5, max_position_embeddings=8192),
+                        gguf=Gguf("falcon-h1", "FalconH1ForCausalLM", _gguf_falcon_h1, fixes=MAMBA2_FIXES,
+                                  tensors=DT_BIAS)),
     "granite": Family(LLAMA, read=_granite, ignored=LLAMA_IGNORED,
                       gguf=Gguf("granite", "GraniteForCausalLM", _gguf_granite, fixes=PERMUTED)),
     "granitemoe": Family(GRANITEMOE, features=dict(mlp="moe"), read=_granitemoe,

@@ -465,7 +465,7 @@ def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
             read_tensor(ref, w[start:start + ref.shape[0]])
             start += ref.shape[0]
     if src.fix:
-        w = FIXES[src.fix](w, cfg.n_heads, cfg.n_kv_heads)
+        w = FIXES[src.fix](w, cfg)
     if family.norm_offset and "norm" in key and not key.endswith("_b") and key not in family.plain_norms:
         w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
     return w

@@ -56,6 +56,29 @@ class Meta:
     def str(self, key: str, default=...) -> str:
         return self._value(key, default, lambda v: isinstance(v, str), "a string")
 
+    def layers(self) -> int:
+        """block_count without the multi-token-prediction blocks llama.cpp appends (nextn_predict_layers: Qwen3.5's
+        MTP head), which transformers does not run either; convert drops their tensors."""
+        n = self.int("block_count")
+        extra = self.int("nextn_predict_layers", default=0, minimum=0)
+        if extra >= n:
+            self.fail("nextn_predict_layers", f"({extra}) leaves none of the {n} blocks (block_count) to run")
+        return n - extra
+
+    def head_counts_kv(self) -> list[int]:
+        """attention.head_count_kv for each layer: one value, or a per-layer list (0 on a recurrent layer, for a
+        family whose entry says so: LFM2, Granite 4.0-H)."""
+        value, n = self.raw.get(f"{self.arch}.attention.head_count_kv"), self.layers()
+        if not isinstance(value, list) or not family_of(self.arch).gguf.recurrent:  # a list: refused by name
+            return [self.int("attention.head_count_kv", default=self.int("attention.head_count"))] * n
+        if len(value) < n or not all(is_int(v) and 0 <= v <= _MAX_DIM for v in value):
+            self.fail("attention.head_count_kv", f"should list a head count for each of the {n} layers")
+        counts = list(value[:n])
+        if len({v for v in counts if v}) > 1:
+            self.fail("attention.head_count_kv", f"differs between attention layers ({short(counts)}); minigen "
+                                                 f"needs one count")
+        return counts
+
     def fail(self, key: str, why: str):
         raise MinigenError(f"{self.source}: metadata key {self.arch}.{key} {why}")
 
@@ -90,6 +113,10 @@ class Tensors:
     def has(self, name: str) -> bool:
         return name in self.shapes
 
+    def any(self, local: str) -> bool:
+        """Whether some layer has the tensor blk.N.<local> ("ssm_conv1d.bias")."""
+        return any(name.startswith("blk.") and name.split(".", 2)[-1] == local for name in self.shapes)
+
 
 # --- the config.json fields each architecture's metadata gives ------------------------------------------
 
@@ -97,7 +124,7 @@ def common(m: Meta, t: Tensors, arch) -> dict:
     """The fields every family has: sizes, heads, context, vocabulary, tying, RoPE base and scaling."""
     hidden = m.int("embedding_length")
     n_head = m.int("attention.head_count")
-    n_kv = m.int("attention.head_count_kv", default=n_head)
+    n_kv = max(m.head_counts_kv()) or n_head  # a per-layer list: the attention layers' count
     if n_head % n_kv:
         m.fail("attention.head_count_kv", f"({n_kv}) does not divide attention.head_count ({n_head})")
     head_dim = m.int("attention.key_length", default=None)
@@ -120,7 +147,7 @@ def common(m: Meta, t: Tensors, arch) -> dict:
                                        f"the head dimension ({head_dim}) and even")
     return {
         "hidden_size": hidden,
-        "num_hidden_layers": m.int("block_count"),
+        "num_hidden_layers": m.layers(),
         "intermediate_size": m.int("feed_forward_length"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_kv,
@@ -267,32 +294,40 @@ def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
 
 # --- tensor names, from the gguf package's table -------------------------------------------------------------
 
-def tensor_names(arch_name: str, family, n_layers: int) -> dict[str, str]:
-    """GGUF tensor name -> the family's HF tensor name, for every tensor the family can have."""
+def tensor_names(arch_name: str, family, n_layers: int) -> dict[str, tuple[str, str, int]]:
+    """GGUF tensor name -> (the family's HF tensor name, its canonical name, which part of it: 0, or 1 for the
+    second of two tensors llama.cpp split it into), for every tensor the family can have. From the gguf package's
+    table, but where the family's entry names the GGUF tensor itself (`Gguf.tensors`)."""
     import gguf
 
     tmap = gguf.get_tensor_name_map(_gguf_arch(arch_name), n_layers)
+    own = family.gguf.tensors if family.gguf else {}
     names = {}
-    for template in _templates(family):
-        for i in (range(n_layers) if "{}" in template else (None,)):
-            hf = template.format(i) if i is not None else template
-            g = tmap.get_name(hf, try_suffixes=(".weight", ".bias"))
-            if g is not None:
-                names.setdefault(g, hf)
+    for key, templates in family.tensors.items():
+        for template in templates if isinstance(templates, tuple) else (templates,):
+            for i in (range(n_layers) if "{}" in template else (None,)):
+                hf = template.format(i) if i is not None else template
+                if key in own:
+                    locals_ = own[key] if isinstance(own[key], tuple) else (own[key],)
+                    for part, local in enumerate(locals_):
+                        names.setdefault(local if i is None else f"blk.{i}.{local}", (hf, key, part))
+                    continue
+                g = tmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+                if g is not None:
+                    names.setdefault(g, (hf, key, 0))
     return names
-
-
-def _templates(family) -> list[str]:
-    out = []
-    for v in family.tensors.values():
-        out.extend(v if isinstance(v, tuple) else (v,))
-    return out
 
 
 def _gguf_arch(name: str):
     import gguf
 
     return next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == name)
+
+
+def local(gguf_name: str) -> str:
+    """'blk.3.ssm_conv1d.weight' -> 'ssm_conv1d.weight'; a global name as it is."""
+    parts = gguf_name.split(".", 2)
+    return parts[2] if parts[0] == "blk" and len(parts) > 2 else gguf_name
 
 
 def kind(gguf_name: str) -> str:
@@ -305,9 +340,22 @@ def kind(gguf_name: str) -> str:
 
 # --- the fixes: FIXES in families.py -------------------------------------------------------------------------
 
+def fix_of(family, gguf_name: str) -> str | None:
+    """The FIXES name the family's entry gives this GGUF tensor: by its name without "blk.N."
+    ("ssm_conv1d.weight"), else by its kind ("attn_q": weight and bias alike)."""
+    fixes = family.gguf.fixes
+    return fixes.get(local(gguf_name)) or fixes.get(kind(gguf_name))
+
+
 def fixed_shape(fix: str | None, shape: tuple) -> tuple:
-    """The HF shape of a tensor whose GGUF shape (reversed to (out, in)) is `shape`."""
-    return shape[::-1] if fix == "conv1d" else shape
+    """The HF shape of a tensor whose GGUF shape (reversed to (out, in), a vector as (n,)) is `shape`."""
+    if fix == "conv1d":
+        return shape[::-1]
+    if fix in ("channels", "dn_conv") and len(shape) == 2:
+        return (shape[0], 1, shape[1])  # torch's depthwise Conv1d weight (C, 1, K)
+    if fix in ("vector", "a_log", "dn_a_log"):
+        return (int(np.prod(shape)),)
+    return shape
 
 
 # --- small helpers ------------------------------------------------------------------------------------------

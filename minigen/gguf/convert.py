@@ -2,12 +2,13 @@
 
 Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
 qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2 (OLMo 2 and 3), gptneox, smollm3, granite, granitemoe,
-mistral3), every tensor type the `gguf` package dequantises. The steps:
+mistral3, and the hybrids qwen35, lfm2, granitehybrid, falcon-h1), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
      the layer count against the tensors, every tensor's name (via the gguf package's name table), type, shape
      and extent in the file, token ids, and the resulting config.json through minigen's own config reader;
   2. stream each tensor: read a block of rows from the file, dequantise it, undo what llama.cpp's converter did
-     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order), check it is
+     (the family's fixes: Q/K permutation, Gemma's 1 + w norms, GPT-2's transposes, GPT-NeoX's qkv order, the
+     recurrent layers' -exp(A_log), squeezed convs and Qwen3.5's tiled value heads; split tensors joined), check it is
      finite, cast it and append it to model.safetensors. Only one block of rows (or, for the small tensors a fix
      reorders, one tensor) is in memory at a time; the GGUF is read with plain reads, not memory-mapped.
      The tokenizer files are rebuilt by gguf_tokenizer (SentencePiece and byte-level BPE, as llama.cpp tokenises);
@@ -59,7 +60,9 @@ class _Tensor:
     shape: tuple        # HF shape
     fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
-    up: "_Tensor | None" = None  # routed experts: the up half, written after each expert's gate rows (GraniteMoE)
+    up: "_Tensor | None" = None  # the second of two tensors llama.cpp split this one into, written after it
+    #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's ffn_gate + ffn_up)
+    vector: bool = False       # one-dimensional in the GGUF
 
     @property
     def size(self) -> int:
@@ -75,6 +78,7 @@ class Plan:
     generation: dict
     tokenizer_files: dict
     tensors: list = field(default_factory=list)
+    model_config: object = None  # config.json through minigen's reader (an engine Config): what the fixes need
 
     @property
     def n_params(self) -> int:
@@ -121,12 +125,20 @@ def read_plan(source: str | Path) -> Plan:
         known = ", ".join(sorted(archs.ARCHS))
         raise MinigenError(f"{source}: architecture {arch!r} is not supported (minigen converts {known})")
     m = archs.Meta(meta, arch, source)
-    n_layers = _check_layers(m, infos)
+    _check_layers(m, infos)
+    n_layers = m.layers()  # without the multi-token-prediction blocks, whose tensors are not converted
+    infos = {name: info for name, info in infos.items() if _block(name) is None or _block(name) < n_layers}
     tensors, extras = _map_tensors(arch, infos, n_layers, source)
     config = _config(arch, m, infos, extras)
-    _check_against_minigen(arch, config, tensors, source)
+    model_config = _check_against_minigen(arch, config, tensors, source)
     return Plan(source, arch, config, _generation_config(config, special_ids(meta, source)),
-                tokenizer_files(meta, source), tensors)
+                tokenizer_files(meta, source), tensors, model_config)
+
+
+def _block(name: str) -> int | None:
+    """3 for 'blk.3.attn_q.weight'; None for a global tensor."""
+    b = re.match(r"blk\.(\d+)\.", name)
+    return int(b.group(1)) if b else None
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -308,37 +320,44 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
     family = archs.family_of(arch)
     names = archs.tensor_names(arch, family, n_layers)
     size = source.stat().st_size
-    tensors, extras, ups = [], {}, {}
+    tensors, extras, seconds = [], {}, {}
     for info in infos.values():
         row_bytes, rows, cols = _layout(info, size, source)
         if info.name in _EXTRAS:
             extras[info.name] = (info, row_bytes)
             continue
-        if len(info.dims) == 3:  # routed experts (E, rows, cols): gate and up are merged below
+        if len(info.dims) == 3:  # routed experts (E, rows, cols): gate and up are joined below
             tensors.append(_experts_tensor(info, names, rows, cols, row_bytes, archs.ARCHS[arch], source))
             if archs.kind(info.name) == "ffn_up_exps":
-                ups[info.name] = tensors.pop()
+                seconds[tensors[-1].name] = tensors.pop()
             continue
-        hf = names.get(info.name)
+        hf, key, part = names.get(info.name, (None, None, 0))
         if hf is None:
             raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {archs.ARCHS[arch]} equivalent; "
                                f"cannot convert")
-        fix = family.gguf.fixes.get(archs.kind(info.name))
+        fix = archs.fix_of(family, info.name)
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
-        shape = (cols,) if len(info.dims) == 1 else archs.fixed_shape(fix, (rows, cols))
-        norm = family.norm_offset if info.name.endswith("norm.weight") else 0.0
-        tensors.append(_Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm))
-    return _merge_gate_up(tensors, ups, source), extras
+        shape = archs.fixed_shape(fix, (cols,) if len(info.dims) == 1 else (rows, cols))
+        norm = family.norm_offset if "norm" in key and not key.endswith("_b") and key not in family.plain_norms else 0.0
+        t = _Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm,
+                    vector=len(info.dims) == 1)
+        if part:
+            seconds[hf] = t
+        else:
+            tensors.append(t)
+    firsts = {hf for hf, key, part in names.values() if part} | \
+        {t.name for t in tensors if archs.kind(t.gguf_name) == "ffn_gate_exps"}
+    return _join(tensors, seconds, firsts, source), extras
 
 
 def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, model_type: str,
                     source: Path) -> _Tensor:
     """A 3-D experts tensor (GGUF dims cols, rows, E) in HF's (E, rows, cols). llama.cpp splits GraniteMoE's
-    input_linear (E, 2F, D) into ffn_gate_exps and ffn_up_exps: the gate takes input_linear's name here, and
-    the up half joins it in _merge_gate_up."""
+    input_linear (E, 2F, D) into ffn_gate_exps and ffn_up_exps: both take input_linear's name here, and the up
+    half joins the gate in _join."""
     kind = archs.kind(info.name)
-    hf = names.get(info.name)
+    hf = names.get(info.name, (None,))[0]
     if kind in ("ffn_gate_exps", "ffn_up_exps"):  # the gguf package maps no HF name to these halves
         template = FAMILIES[model_type].tensors.get("experts_gate_up")
         hf = template and template.format(info.name.split(".")[1])
@@ -349,21 +368,31 @@ def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, mod
     return _Tensor(info.name, hf, info.qtype, rows * E, cols, info.offset, row_bytes, (E, rows, cols))
 
 
-def _merge_gate_up(tensors: list, ups: dict, source: Path) -> list:
-    """Each ffn_gate_exps with its ffn_up_exps: one HF tensor (E, 2F, D), per expert [gate; up]."""
+def _join(tensors: list, seconds: dict, firsts: set, source: Path) -> list:
+    """Each tensor llama.cpp split in two joined again (`firsts`: the HF names of those), its second half from
+    `seconds` (by HF name): one HF tensor, rows [first; second], per expert for experts ((E, 2F, D))."""
     out = []
     for t in tensors:
-        if archs.kind(t.gguf_name) == "ffn_gate_exps":
-            up = ups.pop(t.gguf_name.replace("ffn_gate_exps", "ffn_up_exps"), None)
+        if t.name in firsts:
+            up = seconds.pop(t.name, None)
             if up is None or up.shape != t.shape:
-                raise MinigenError(f"{source}: tensor {t.gguf_name} has no ffn_up_exps of its shape beside it; "
-                                   f"cannot convert")
-            E, F, D = t.shape
-            t = dataclasses.replace(t, shape=(E, 2 * F, D), up=up)
+                raise MinigenError(f"{source}: tensor {t.gguf_name} has no {_second_of(t.gguf_name)} of its shape "
+                                   f"beside it; cannot convert")
+            shape = (t.shape[0], 2 * t.shape[1], t.shape[2]) if len(t.shape) == 3 else (2 * t.shape[0], *t.shape[1:])
+            t = dataclasses.replace(t, shape=shape, up=up)
         out.append(t)
-    if ups:
-        raise MinigenError(f"{source}: tensor {next(iter(ups))} has no ffn_gate_exps beside it; cannot convert")
+    if seconds:
+        lone = next(iter(seconds.values())).gguf_name
+        raise MinigenError(f"{source}: tensor {lone} has no {_first_of(lone)} beside it; cannot convert")
     return out
+
+
+def _second_of(name: str) -> str:
+    return "ffn_up_exps" if "ffn_gate_exps" in name else "ffn_up"
+
+
+def _first_of(name: str) -> str:
+    return "ffn_gate_exps" if "ffn_up_exps" in name else "ffn_gate"
 
 
 def _layout(info: _Info, file_size: int, source: Path) -> tuple[int, int, int]:
@@ -466,17 +495,20 @@ def _generation_config(config: dict, special: dict) -> dict:
     return gen
 
 
-def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path) -> None:
+def _check_against_minigen(arch: str, config: dict, tensors: list[_Tensor], source: Path):
     """The converted config through minigen's own reader, and the tensors' names and shapes through its weight
-    resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor."""
+    resolver: a file that converts is a checkpoint minigen loads. Errors name the GGUF tensor. Returns the
+    engine Config (what the tensor fixes need)."""
     cfg = parse_config(dict(config, torch_dtype="float32"), f"{source} (as config.json)")
     family = FAMILIES[cfg.model_type]
     try:
         resolve(cfg, family, {t.name: TensorRef(t.name, source, "F32", t.shape, 0, 0, 0) for t in tensors}, source)
     except MinigenError as e:
-        to_gguf = {hf: g for g, hf in archs.tensor_names(arch, family, cfg.n_layers).items()}
+        to_gguf = {hf: g for g, (hf, key, part) in archs.tensor_names(arch, family, cfg.n_layers).items()
+                   if not part}
         raise MinigenError(re.sub(r"'([^']+)'", lambda mt: f"{to_gguf.get(mt.group(1), '?')} ({mt.group(1)})",
                                   str(e))) from None
+    return cfg
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -508,12 +540,16 @@ def _dequantise(plan: Plan, t: _Tensor):
     """The tensor as float32 blocks of rows in HF's layout, llama.cpp's changes undone: the whole tensor when a
     fix reorders it (q/k, qkv, GPT-2's transposes: small matrices), else blocks of at most _CHUNK values;
     merged experts one expert at a time, its gate rows then its up rows."""
-    if t.up is not None:
+    if t.up is not None and len(t.shape) == 3:  # experts: each expert's gate rows, then its up rows
         E, F = t.shape[0], t.shape[1] // 2
         for e in range(E):
             for half in (t, t.up):
                 yield from _dequantise(plan, dataclasses.replace(half, offset=half.offset + e * F * half.row_bytes,
                                                                  rows=F, up=None))
+        return
+    if t.up is not None:
+        yield from _dequantise(plan, dataclasses.replace(t, up=None))
+        yield from _dequantise(plan, t.up)
         return
     step = t.rows if t.fix else max(1, _CHUNK // t.cols)
     for start in range(0, t.rows, step):
@@ -523,9 +559,10 @@ def _dequantise(plan: Plan, t: _Tensor):
             raise MinigenError(f"{plan.source}: tensor {t.gguf_name} holds NaN or infinite values after "
                                f"dequantisation; the file is damaged")
         if t.fix:  # on the whole tensor in GGUF's orientation, (out, in) or a vector
-            heads = plan.config.get("num_attention_heads") or plan.config["n_head"]  # GPT-2 spells it n_head
-            w = FIXES[t.fix](w.reshape((t.rows, t.cols) if len(t.shape) == 2 else (t.cols,)), heads,
-                             plan.config.get("num_key_value_heads", heads))
+            try:
+                w = FIXES[t.fix](w.reshape((t.cols,) if t.vector else (t.rows, t.cols)), plan.model_config)
+            except MinigenError as e:
+                raise MinigenError(f"{plan.source}: tensor {t.gguf_name} {e}") from None
         if t.offset_norm:
             w -= np.float32(t.offset_norm)  # llama.cpp stored 1 + w
         yield w
