@@ -26,12 +26,14 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache, partial
 from typing import Callable, Sequence
 
 import numpy as np
 
 SPLIT_ROWS = 512   # from here on a forward pass splits its work (measured on 2 cores, see above)
+DECODE_ROWS = 16   # up to here a forward pass is a decode step (or a few drafts): GEMVs and small products
 ROWS = 512         # rows per chunk: GEMMs near full speed, MLP temporaries of a few MB
 
 
@@ -85,7 +87,7 @@ def row_chunks(n_rows: int) -> list[slice]:
 
 
 _local = threading.local()   # .worker: True while a thread runs tasks, where `in_threads` must not wait on the pool
-_lock = threading.Lock()     # one `in_threads` at a time, so that each gives OpenBLAS back the threads it found
+_lock = threading.RLock()    # one `blas_alone` at a time (nested ones: the same), so that each gives OpenBLAS back the threads it found
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -111,22 +113,49 @@ def in_threads(tasks: Sequence[Callable[[], object]], threads: int) -> list:
         finally:
             _local.worker = False
 
-    put, get = _openblas() or (lambda n: None, lambda: None)
     n_helpers = min(threads, n_threads()) - 1   # n_threads() is cached at first use: before put(1)
+    with blas_alone():
+        helpers = [pool().submit(work) for _ in range(n_helpers)]
+        try:
+            work()
+        finally:
+            wait(helpers)
+        for helper in helpers:
+            helper.result()   # raises a helper's exception here
+    return results
+
+
+@contextmanager
+def blas_alone():
+    """OpenBLAS on one thread meanwhile, as many as it had afterwards. For our own threads, and for the
+    small products of a decode step (a few query rows against the cache): OpenBLAS threads a product
+    from ~2^18 multiply-adds on, and each threaded call waits for its helper. On a busy machine that
+    helper is often off its core: measured on 2 cores at load 5, one attention layer's decode step
+    (8 query heads of 256 against 520 keys) took 0.8 ms median and 36 ms mean on OpenBLAS's two threads,
+    0.9 ms and 0.9 ms on one."""
+    if getattr(_local, "worker", False):   # inside in_threads: OpenBLAS is on one thread already
+        yield
+        return
+    put, get = _openblas() or (lambda n: None, lambda: None)
     with _lock:
         before = get()
         put(1)
         try:
-            helpers = [pool().submit(work) for _ in range(n_helpers)]
-            try:
-                work()
-            finally:
-                wait(helpers)
-            for helper in helpers:
-                helper.result()   # raises a helper's exception here
+            yield
         finally:
             put(before)
-    return results
+
+
+def for_decode(n_rows: int):
+    """A context for a forward pass of n_rows rows: `blas_alone()` for a decode step, else nothing.
+    A decode step makes ~100 OpenBLAS calls (GEMVs, mostly), and each threaded one waits for OpenBLAS's
+    helper thread, which on a shared machine is often off its core. Measured on 2 cores beside one
+    other busy process (load 2.6-3.3), a decode step on OpenBLAS's two threads against one:
+    Qwen3.5-0.8B 566 against 282 ms, LFM2-350M 335 against 121 ms, SmolLM2-135M 380 against 82 ms
+    (a 29 MB GEMV alone: 4.1 against 2.1 ms). The price, on an idle machine: one thread reads the
+    weights at ~23 GB/s, two at 29-36 GB/s (FIELD-NOTES), so an idle machine's decode is up to ~1/3
+    slower than it could be; a load-dependent choice flips back and forth as its own threads change the load."""
+    return blas_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 else nullcontext()
 
 
 def by_rows(fn: Callable, *rows, **kw):
