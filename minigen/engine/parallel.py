@@ -4,10 +4,14 @@ NumPy's ufuncs (exp, the norms, SiLU, the softmax arithmetic) run on one core an
 OpenBLAS runs each matrix product on every core. Left alone, a long prompt's forward pass uses half
 the machine between its GEMMs. So from SPLIT_ROWS rows on, the forward pass hands out whole pieces of
 work (a chunk of rows, from the norm to the MLP; a block of queries in attention) to `n_threads()`
-threads, the calling one included, each calling OpenBLAS single-threaded. Shorter inputs, decoding
-and hooked runs stay on the calling thread with OpenBLAS threading its products as usual: there its
-two-thread GEMM (one packed copy of the weights for both cores) beats two single-threaded GEMMs on
-half the rows each by more than the ufuncs gain (128 rows: 30 % slower split; 512 rows: 5 % faster).
+threads, the calling one included, each calling OpenBLAS single-threaded. Shorter inputs and hooked
+runs stay on the calling thread with OpenBLAS threading its products as usual: there its two-thread
+GEMM (one packed copy of the weights for both cores) beats two single-threaded GEMMs on half the rows
+each by more than the ufuncs gain (128 rows: 30 % slower split; 512 rows: 5 % faster). A decode step
+(up to DECODE_ROWS rows) stays on the calling thread, and while other processes keep a core busy it
+runs with OpenBLAS on one thread (`for_decode`): its ~100 GEMVs and small products each wait for
+OpenBLAS's helper thread, which is then often off its core (2-4x slower decoding on 2 cores beside
+one other busy process; 1.4-1.6x faster on the idle machine).
 
 The two kinds of threads must not overlap. OpenBLAS's idle threads spin after each call, 2^28 cycles
 (~0.1 s) by default, on the cores our threads want: a prompt started right after a decode step ran at
@@ -25,6 +29,7 @@ import glob
 import os
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from functools import lru_cache, partial
@@ -147,15 +152,38 @@ def blas_alone():
 
 
 def for_decode(n_rows: int):
-    """A context for a forward pass of n_rows rows: `blas_alone()` for a decode step, else nothing.
-    A decode step makes ~100 OpenBLAS calls (GEMVs, mostly), and each threaded one waits for OpenBLAS's
-    helper thread, which on a shared machine is often off its core. Measured on 2 cores beside one
-    other busy process (load 2.6-3.3), a decode step on OpenBLAS's two threads against one:
-    Qwen3.5-0.8B 566 against 282 ms, LFM2-350M 335 against 121 ms, SmolLM2-135M 380 against 82 ms
-    (a 29 MB GEMV alone: 4.1 against 2.1 ms). The price, on an idle machine: one thread reads the
-    weights at ~23 GB/s, two at 29-36 GB/s (FIELD-NOTES), so an idle machine's decode is up to ~1/3
-    slower than it could be; a load-dependent choice flips back and forth as its own threads change the load."""
-    return blas_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 else nullcontext()
+    """A context for a forward pass of n_rows rows: `blas_alone()` for a decode step while other
+    processes keep a core busy, else nothing. A decode step makes ~100 OpenBLAS calls (GEMVs, mostly),
+    and each threaded one waits for OpenBLAS's helper thread, which is then often off its core.
+    Measured on 2 cores, a decode step on OpenBLAS's two threads against one: beside another process
+    using ~1.5 cores, Qwen3.5-0.8B 566 against 282 ms, LFM2-350M 335 against 121, SmolLM2-135M 380
+    against 82; on the idle machine 189 against 273, 80 against 132, 53 against 78."""
+    return blas_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 and others_busy() else nullcontext()
+
+
+_others = {"at": 0.0, "busy": 0.0, "ours": 0.0, "verdict": False}   # the last measurement of others_busy()
+
+
+def others_busy(every: float = 1.0, cores: float = 0.5) -> bool:
+    """Whether other processes used `cores` cores or more since this was last measured (at most every
+    `every` seconds; between, the last answer): the machine's busy time in /proc/stat less this
+    process's own CPU time. Not the load average, which counts this process's own threads: decoding
+    on one thread or two would change the answer that chose it. Without /proc/stat: False."""
+    now = time.monotonic()
+    if now - _others["at"] < every:
+        return _others["verdict"]
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:]]   # user nice system idle iowait irq softirq steal ...
+    except (OSError, ValueError):
+        return False
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")     # seconds, all cores
+    ours = sum(os.times()[:2])
+    if _others["at"]:
+        others = (busy - _others["busy"]) - (ours - _others["ours"])
+        _others["verdict"] = others >= cores * (now - _others["at"])
+    _others.update(at=now, busy=busy, ours=ours)
+    return _others["verdict"]
 
 
 def by_rows(fn: Callable, *rows, **kw):
