@@ -100,8 +100,12 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
         if want_weights:
             weights[:, start:stop, lo:hi] = w
 
-    parallel.in_threads([partial(block, start, min(T, start + BLOCK)) for start in reversed(range(0, T, BLOCK))],
-                 parallel.threads_for(T))
+    blocks = [partial(block, start, min(T, start + BLOCK)) for start in reversed(range(0, T, BLOCK))]
+    if len(blocks) == 1:   # a decode step: small products, which OpenBLAS's threads slow (parallel.blas_alone)
+        with parallel.blas_alone():
+            blocks[0]()
+    else:
+        parallel.in_threads(blocks, parallel.threads_for(T))
     return out, weights
 
 

@@ -82,8 +82,9 @@ def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list, last_only: 
             record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
     (H, T, S) to `record` when it is a list; the cache advances by T."""
-    x = hidden(params, cfg, ids, cache, record, hooks=hooks)                 # (T, D)
-    return unembed(x[-1:] if last_only else x, params, cfg)                 # (T, V)
+    with parallel.for_decode(len(ids)):   # a decode step on a busy machine: OpenBLAS on one thread
+        x = hidden(params, cfg, ids, cache, record, hooks=hooks)             # (T, D)
+        return unembed(x[-1:] if last_only else x, params, cfg)             # (T, V)
 
 
 def forward_batch(params: dict, cfg: Config, ids: list[np.ndarray], caches: list[list],
@@ -92,11 +93,12 @@ def forward_batch(params: dict, cfg: Config, ids: list[np.ndarray], caches: list
     positions): the logits of each, (1, V) for its last position or (T_b, V). Equal, row for row, to
     a `forward` of each sequence alone."""
     seqs = stack(ids, caches)
-    x = run_layers(embed(params, cfg, np.concatenate(ids), positions(seqs)), params, cfg, seqs)  # (N, D)
-    if last_only:
-        x = x[[s.rows.stop - 1 for s in seqs]]                               # (B, D)
-        return list(unembed(x, params, cfg)[:, None])                        # B x (1, V)
-    logits = unembed(x, params, cfg)                                         # (N, V)
+    with parallel.for_decode(seqs[-1].rows.stop):
+        x = run_layers(embed(params, cfg, np.concatenate(ids), positions(seqs)), params, cfg, seqs)  # (N, D)
+        if last_only:
+            x = x[[s.rows.stop - 1 for s in seqs]]                           # (B, D)
+            return list(unembed(x, params, cfg)[:, None])                    # B x (1, V)
+        logits = unembed(x, params, cfg)                                     # (N, V)
     return [logits[s.rows] for s in seqs]
 
 

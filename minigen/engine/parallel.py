@@ -4,10 +4,14 @@ NumPy's ufuncs (exp, the norms, SiLU, the softmax arithmetic) run on one core an
 OpenBLAS runs each matrix product on every core. Left alone, a long prompt's forward pass uses half
 the machine between its GEMMs. So from SPLIT_ROWS rows on, the forward pass hands out whole pieces of
 work (a chunk of rows, from the norm to the MLP; a block of queries in attention) to `n_threads()`
-threads, the calling one included, each calling OpenBLAS single-threaded. Shorter inputs, decoding
-and hooked runs stay on the calling thread with OpenBLAS threading its products as usual: there its
-two-thread GEMM (one packed copy of the weights for both cores) beats two single-threaded GEMMs on
-half the rows each by more than the ufuncs gain (128 rows: 30 % slower split; 512 rows: 5 % faster).
+threads, the calling one included, each calling OpenBLAS single-threaded. Shorter inputs and hooked
+runs stay on the calling thread with OpenBLAS threading its products as usual: there its two-thread
+GEMM (one packed copy of the weights for both cores) beats two single-threaded GEMMs on half the rows
+each by more than the ufuncs gain (128 rows: 30 % slower split; 512 rows: 5 % faster). A decode step
+(up to DECODE_ROWS rows) stays on the calling thread, and while other processes keep a core busy it
+runs with OpenBLAS on one thread (`for_decode`): its ~100 GEMVs and small products each wait for
+OpenBLAS's helper thread, which is then often off its core (2-4x slower decoding on 2 cores beside
+one other busy process; 1.4-1.6x faster on the idle machine).
 
 The two kinds of threads must not overlap. OpenBLAS's idle threads spin after each call, 2^28 cycles
 (~0.1 s) by default, on the cores our threads want: a prompt started right after a decode step ran at
@@ -25,13 +29,16 @@ import glob
 import os
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache, partial
 from typing import Callable, Sequence
 
 import numpy as np
 
 SPLIT_ROWS = 512   # from here on a forward pass splits its work (measured on 2 cores, see above)
+DECODE_ROWS = 16   # up to here a forward pass is a decode step (or a few drafts): GEMVs and small products
 ROWS = 512         # rows per chunk: GEMMs near full speed, MLP temporaries of a few MB
 
 
@@ -85,7 +92,7 @@ def row_chunks(n_rows: int) -> list[slice]:
 
 
 _local = threading.local()   # .worker: True while a thread runs tasks, where `in_threads` must not wait on the pool
-_lock = threading.Lock()     # one `in_threads` at a time, so that each gives OpenBLAS back the threads it found
+_lock = threading.RLock()    # one `blas_alone` at a time (nested ones: the same), so that each gives OpenBLAS back the threads it found
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -111,22 +118,72 @@ def in_threads(tasks: Sequence[Callable[[], object]], threads: int) -> list:
         finally:
             _local.worker = False
 
-    put, get = _openblas() or (lambda n: None, lambda: None)
     n_helpers = min(threads, n_threads()) - 1   # n_threads() is cached at first use: before put(1)
+    with blas_alone():
+        helpers = [pool().submit(work) for _ in range(n_helpers)]
+        try:
+            work()
+        finally:
+            wait(helpers)
+        for helper in helpers:
+            helper.result()   # raises a helper's exception here
+    return results
+
+
+@contextmanager
+def blas_alone():
+    """OpenBLAS on one thread meanwhile, as many as it had afterwards. For our own threads, and for the
+    small products of a decode step (a few query rows against the cache): OpenBLAS threads a product
+    from ~2^18 multiply-adds on, and each threaded call waits for its helper. On a busy machine that
+    helper is often off its core: measured on 2 cores at load 5, one attention layer's decode step
+    (8 query heads of 256 against 520 keys) took 0.8 ms median and 36 ms mean on OpenBLAS's two threads,
+    0.9 ms and 0.9 ms on one."""
+    if getattr(_local, "worker", False):   # inside in_threads: OpenBLAS is on one thread already
+        yield
+        return
+    put, get = _openblas() or (lambda n: None, lambda: None)
     with _lock:
         before = get()
         put(1)
         try:
-            helpers = [pool().submit(work) for _ in range(n_helpers)]
-            try:
-                work()
-            finally:
-                wait(helpers)
-            for helper in helpers:
-                helper.result()   # raises a helper's exception here
+            yield
         finally:
             put(before)
-    return results
+
+
+def for_decode(n_rows: int):
+    """A context for a forward pass of n_rows rows: `blas_alone()` for a decode step while other
+    processes keep a core busy, else nothing. A decode step makes ~100 OpenBLAS calls (GEMVs, mostly),
+    and each threaded one waits for OpenBLAS's helper thread, which is then often off its core.
+    Measured on 2 cores, a decode step on OpenBLAS's two threads against one: beside another process
+    using ~1.5 cores, Qwen3.5-0.8B 566 against 282 ms, LFM2-350M 335 against 121, SmolLM2-135M 380
+    against 82; on the idle machine 189 against 273, 80 against 132, 53 against 78."""
+    return blas_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 and others_busy() else nullcontext()
+
+
+_others = {"at": 0.0, "busy": 0.0, "ours": 0.0, "verdict": False}   # the last measurement of others_busy()
+
+
+def others_busy(every: float = 1.0, cores: float = 0.5) -> bool:
+    """Whether other processes used `cores` cores or more since this was last measured (at most every
+    `every` seconds; between, the last answer): the machine's busy time in /proc/stat less this
+    process's own CPU time. Not the load average, which counts this process's own threads: decoding
+    on one thread or two would change the answer that chose it. Without /proc/stat: False."""
+    now = time.monotonic()
+    if now - _others["at"] < every:
+        return _others["verdict"]
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:]]   # user nice system idle iowait irq softirq steal ...
+    except (OSError, ValueError):
+        return False
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")     # seconds, all cores
+    ours = sum(os.times()[:2])
+    if _others["at"]:
+        others = (busy - _others["busy"]) - (ours - _others["ours"])
+        _others["verdict"] = others >= cores * (now - _others["at"])
+    _others.update(at=now, busy=busy, ours=ours)
+    return _others["verdict"]
 
 
 def by_rows(fn: Callable, *rows, **kw):

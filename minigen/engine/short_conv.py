@@ -20,22 +20,35 @@ with K = conv_L_cache (3 in the published checkpoints) and no activation.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
+
+from . import parallel
 
 
 def causal_conv(x: np.ndarray, tail: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """x (T, C) the new inputs, tail (K-1, C) the inputs before them (zeros before the first), w (C, K)
     torch's depthwise weight with its singleton axis dropped, b (C,) or None. Returns y (T, C) and the
-    new tail (K-1, C), the last K-1 inputs."""
+    new tail (K-1, C), the last K-1 inputs. A long prompt's rows go in chunks to both cores, each chunk
+    reading the K-1 inputs before it."""
     T, K = len(x), w.shape[1]
-    xs = np.concatenate([tail, x])                                           # (K-1+T, C): xs[i] = x[i-(K-1)]
-    y = xs[:T] * w[:, 0]                                                     # (T, C)
-    for j in range(1, K):   # K is 3 or 4: a few whole-array multiply-adds, no Python loop over tokens
-        y += xs[j:j + T] * w[:, j]
-    if b is not None:
-        y += b
-    return y, xs[len(xs) - (K - 1):].copy()                                  # (K-1, C)
+    y = np.empty(x.shape, np.float32)                                        # (T, C)
+
+    def rows(r: slice):
+        before = np.concatenate([tail, x[max(0, r.start - (K - 1)):r.start]])   # the inputs before row r.start
+        xs = np.concatenate([before[len(before) - (K - 1):], x[r]])         # (K-1+t, C): xs[i] = x[r.start+i-(K-1)]
+        out, t = y[r], r.stop - r.start
+        np.multiply(xs[:t], w[:, 0], out=out)
+        for j in range(1, K):   # K is 3 or 4: a few whole-array multiply-adds, no Python loop over tokens
+            out += xs[j:j + t] * w[:, j]
+        if b is not None:
+            out += b
+
+    parallel.in_threads([partial(rows, r) for r in parallel.row_chunks(T)], parallel.threads_for(T))
+    last = np.concatenate([tail, x[max(0, T - (K - 1)):]])
+    return y, last[len(last) - (K - 1):].copy()                              # (K-1, C)
 
 
 def short_conv(x: np.ndarray, tail: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
