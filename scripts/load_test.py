@@ -232,7 +232,7 @@ def warm(port: int, model: str, timeout: float):
 
 def default_model_dir() -> str:
     sys.path.insert(0, str(ROOT))
-    from minigen.checkpoint.default_model import default_model_path
+    from minigen.gguf.default_model import default_model_path
     return str(default_model_path())
 
 
