@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attention import softmax
 from .layers import activation
 
 
@@ -30,11 +31,6 @@ def router_logits(x: np.ndarray, router: np.ndarray) -> np.ndarray:
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:
     """(N, E) -> (N, k) the indices of each row's k largest logits, largest first (ties: lower index first)."""
     return np.argsort(-logits, axis=-1, kind="stable")[:, :k]
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def topk_softmax(logits: np.ndarray, idx: np.ndarray) -> np.ndarray:
