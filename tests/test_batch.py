@@ -159,3 +159,29 @@ def test_cli_batch_bad_files_are_one_line(tmp_path, content, message):
     assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
     r = cli("generate", "--model", FIXTURES / "llama_gqa3", "--batch", f, "hello")
     assert r.exit_code == 2
+
+
+def test_decode_steps_attend_through_the_pool_and_leavers_take_their_cache(monkeypatch):
+    from minigen.engine import model as engine
+    from minigen.engine.cache import KVCache, PooledKV
+    model, tok, ids = fixture("llama_gqa3")
+    prompts = prompts_of(ids, 3)
+    calls = []
+    pooled = engine.pooled_decode_attention
+    monkeypatch.setattr(engine, "pooled_decode_attention", lambda q, *a, **kw: calls.append(len(q)) or pooled(q, *a, **kw))
+    caches = [model.make_cache(4) for _ in prompts]
+    batch = Batch(model)
+    handles = [batch.add(p, greedy(max_tokens=4 + 2 * i), c) for i, (p, c) in enumerate(zip(prompts, caches))]
+    got = {h: [s.token] for h, s in batch.step().items()}  # the prompts: each attends alone
+    assert calls == [] and all(isinstance(layer, PooledKV) for layer in caches[0])
+    while len(batch):
+        for h, s in batch.step().items():
+            got[h].append(s.token)
+    assert calls[:model.config.n_layers] == [3] * model.config.n_layers   # one pooled product per layer
+    for p, c, i in zip(prompts, caches, range(3)):
+        want = model.make_cache(4)
+        tokens = [s.token for s in generate_step(model, p, greedy(max_tokens=4 + 2 * i), want)]
+        assert all(type(layer) is KVCache for layer in c) and c[0].offset == want[0].offset
+        for mine, theirs in zip(c, want):
+            np.testing.assert_allclose(mine.fetch()[0], theirs.fetch()[0], atol=1e-5)
+        assert got[handles[i]] == tokens

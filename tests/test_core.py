@@ -190,3 +190,50 @@ def test_long_prompt_cached_equals_uncached_with_sliding_window(tmp_path):
     # and the window really matters here
     unwindowed = minigen.load(tiny_checkpoint.write(tmp_path / "l", cfg=tiny_checkpoint.CONFIG))[0].logits(ids)
     assert np.abs(unwindowed[60:] - full[60:]).max() > 1e-3
+
+
+@pytest.mark.parametrize("window,scale,cap", [(None, None, None), (5, None, None), (None, 0.7, 2.0), (3, 0.7, 2.0)])
+def test_pooled_decode_attention_equals_each_sequence_alone(window, scale, cap):
+    # five sequences of different lengths in slots 4, 0, 2, 7, 5 of a pool of 8 (holes at 1, 3, 6);
+    # past each slot's length (and in the holes) lie large stale values: none may reach an output
+    from minigen.engine.attention import pooled_decode_attention
+    rng = np.random.default_rng(1)
+    P, H, KV, d, C = 8, 6, 2, 4, 16
+    slots, lengths = np.array([4, 0, 2, 7, 5]), np.array([9, 1, 16, 4, 12])
+    keys_t = 1e3 * rng.standard_normal((P, KV, d, C)).astype(np.float32)
+    values = 1e3 * rng.standard_normal((P, KV, C, d)).astype(np.float32)
+    q = rng.standard_normal((len(slots), H, d)).astype(np.float32)
+    ks, vs = [], []
+    for s, n in zip(slots, lengths):
+        k, v = rng.standard_normal((2, KV, n, d)).astype(np.float32)
+        keys_t[s, :, :, :n], values[s, :, :n] = k.transpose(0, 2, 1), v
+        ks.append(k), vs.append(v)
+    out = pooled_decode_attention(q, keys_t, values, slots, lengths, window, scale, cap)
+    kv_of = np.arange(H) // (H // KV)
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        n = lengths[b]
+        ref, _ = attend(q[b][:, None], k[kv_of], v[kv_of], causal_mask(1, n - 1, window), scale, cap)   # (H, 1, d)
+        np.testing.assert_allclose(out[b], ref[:, 0], atol=1e-5)
+
+
+def test_pool_slots_keep_their_rows_through_growth_release_and_reuse():
+    from minigen.engine.cache import KVPool
+    pool = KVPool(n_kv=2, head_dim=3, slots=1, capacity=2)
+    a, b = pool.take(2), pool.take(2)                       # a second slot: the pool doubles its slots
+    assert (a.slot, b.slot) == (0, 1) and len(pool.values) == 2
+    rows = [np.full((2, 1, 3), i, np.float32) for i in range(5)]
+    for r in rows:
+        a.update_and_fetch(r, -r)                           # grows the capacity for every slot
+    b.update_and_fetch(rows[4], rows[4])
+    k, v = a.fetch()
+    np.testing.assert_array_equal(k[0, :, 0], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(v[1, :, 2], [0, -1, -2, -3, -4])
+    assert pool.capacity >= 5 and np.shares_memory(k, pool.keys_t)
+    own = pool.release(a)                                   # a KVCache of its own, the slot free again
+    assert type(own) is KVCache and own.offset == 5 and not np.shares_memory(own.keys_t, pool.keys_t)
+    np.testing.assert_array_equal(own.fetch()[0], k)
+    c = pool.take(3)
+    assert c.slot == 0 and c.offset == 0
+    c.update_and_fetch(rows[2], rows[2])
+    np.testing.assert_array_equal(c.fetch()[0][:, :, 0], [[2], [2]])
+    np.testing.assert_array_equal(b.fetch()[1][:, 0, 0], [4, 4])   # the other slot untouched

@@ -74,6 +74,73 @@ class KVCache:
         self.keys_t, self.values = keys_t, values
 
 
+# --- a batch's attention layers: one array for every sequence ------------------------------------------
+
+class KVPool:
+    """The keys and values of one attention layer for every sequence of a batch (generation/batch.py),
+    one slot each, in one array: a decode step then attends for all of them at once, one product over
+    the slots (attention.pooled_decode_attention) instead of a handful of small ones per sequence.
+    Each sequence sees its slot as a KVCache (`PooledKV`). The slots share one capacity, which grows
+    like a KVCache's (doubling; each slot copies only its filled part); the slot count doubles when
+    all are taken. The arrays start zeroed, not empty as a KVCache's: a pooled product reads past a
+    short slot's end, where its zero weights times V must stay zero (0 x a NaN of uninitialised memory
+    would not). np.zeros takes fresh pages from the system, touched only when written, so a long
+    sequence beside short ones costs little more memory than it would alone. `release` hands a
+    leaving sequence its own KVCache."""
+
+    def __init__(self, n_kv: int, head_dim: int, slots: int = 4, capacity: int = 256):
+        self.keys_t = np.zeros((slots, n_kv, head_dim, capacity), np.float32)   # (P, KV, d, C)
+        self.values = np.zeros((slots, n_kv, capacity, head_dim), np.float32)   # (P, KV, C, d)
+        self.members: dict[int, PooledKV] = {}                                  # slot -> its cache
+
+    @property
+    def capacity(self) -> int:
+        return self.values.shape[2]
+
+    def take(self, capacity: int) -> "PooledKV":
+        """A free slot (the lowest), as an empty cache with room for `capacity` positions."""
+        slots = len(self.values)
+        free = next((s for s in range(slots) if s not in self.members), slots)
+        if free == slots or capacity > self.capacity:
+            self._grow(2 * slots if free == slots else slots, max(capacity, self.capacity))
+        self.members[free] = member = PooledKV(self, free)
+        return member
+
+    def release(self, member: "PooledKV") -> KVCache:
+        """The member's keys and values as a KVCache of its own (room for one more position); its slot is free."""
+        own = KVCache(self.keys_t.shape[1], self.keys_t.shape[2], member.offset + 1)
+        own.update_and_fetch(*member.fetch())
+        del self.members[member.slot]
+        return own
+
+    def _grow(self, slots: int, capacity: int):
+        keys_t = np.zeros((slots,) + self.keys_t.shape[1:3] + (capacity,), np.float32)
+        values = np.zeros((slots, self.values.shape[1], capacity, self.values.shape[3]), np.float32)
+        for slot, m in self.members.items():   # only what each slot has filled: nothing else is touched
+            keys_t[slot, :, :, :m.offset] = self.keys_t[slot, :, :, :m.offset]
+            values[slot, :, :m.offset] = self.values[slot, :, :m.offset]
+        self.keys_t, self.values = keys_t, values
+
+
+class PooledKV(KVCache):
+    """One sequence's slot of a KVPool, used as its KVCache (the arrays are the pool's, seen through
+    the slot, so they follow the pool when it grows)."""
+
+    def __init__(self, pool: KVPool, slot: int):
+        self.pool, self.slot, self.offset = pool, slot, 0
+
+    @property
+    def keys_t(self) -> np.ndarray:
+        return self.pool.keys_t[self.slot]                                    # (KV, d, C)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.pool.values[self.slot]                                    # (KV, C, d)
+
+    def _grow(self, needed: int):
+        self.pool._grow(len(self.pool.values), max(needed, 2 * self.capacity))
+
+
 # --- recurrent layers: a fixed-size state instead of a growing K/V ------------------------------------
 
 class StateCache:
@@ -212,3 +279,29 @@ def reusable_prefix(cfg, cached: int, common: int, total: int) -> int:
     short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
     return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
                     and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common
+
+
+# --- a batch's caches: attention layers in shared pools -----------------------------------------------
+
+def make_pools(cfg) -> list:
+    """Per layer of the model `cfg`: a KVPool for a batch's sequences if it is an attention layer, else None."""
+    return [KVPool(cfg.n_kv_heads, cfg.head_dim) if cfg.mixer(i) == "attention" else None
+            for i in range(cfg.n_layers)]
+
+
+def pool(cache: list, pools: list) -> list:
+    """`cache` (a whole model's, in place) with each attention layer moved into a slot of its pool:
+    what it holds is copied there. The list stays the caller's."""
+    for i, (layer, p) in enumerate(zip(cache, pools)):
+        if p is not None and type(layer) is KVCache:
+            cache[i] = p.take(layer.capacity)
+            cache[i].update_and_fetch(*layer.fetch())
+    return cache
+
+
+def unpool(cache: list) -> list:
+    """`cache` (in place) with each pooled layer back in arrays of its own, its slot freed."""
+    for i, layer in enumerate(cache):
+        if isinstance(layer, PooledKV):
+            cache[i] = layer.pool.release(layer)
+    return cache

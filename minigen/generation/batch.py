@@ -6,6 +6,9 @@ one batched forward and samples each sequence's next token with its own sampler,
 a sequence leaves when it finishes (EOS, max_tokens, a full context) or is cancelled. Each sequence
 has its own cache (and offset), so prompts of any length share a step, and each result is the one
 generate_step gives that prompt alone: the same stop rules, and each sequence's draws from its own rng.
+While in the batch, a sequence's attention layers keep their keys and values in a slot of the
+batch's pools (engine/cache.KVPool), so that a decode step attends for every sequence in one product
+(~15 small products per sequence and layer otherwise); leaving, it takes them back.
 
 `generate_batch` runs a list of prompts through one Batch, text and all (a Run per prompt: the
 detokenizer and stop strings).
@@ -20,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..engine.cache import must_recompute, truncate
+from ..engine.cache import make_pools, must_recompute, pool, truncate, unpool
 from ..errors import MinigenError, OptionError, short
 from ..files import MiB, decode_utf8, read_bounded
 from .options import Options, check_prompt
@@ -50,6 +53,7 @@ class Batch:
         self.model = model
         self.sequences: dict[int, Member] = {}
         self._next = 0
+        self.pools = make_pools(model.config)   # the attention layers' K/V of every sequence (cache.KVPool)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -68,14 +72,18 @@ class Batch:
             raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
         sampler, processors, rng = sampling_pipeline(o)
         eos = frozenset(() if o.ignore_eos else eos_token_ids(self.model))
+        pool(cache, self.pools)   # a decode step then attends for all sequences at once
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = Member(tokens, tokens[cache[0].offset:], cache, sampler, processors, rng,
                                         o.max_tokens, eos, o.max_context)
         return handle
 
     def cancel(self, handle: int) -> None:
-        """The sequence leaves the batch (a client gone, a stop string); unknown or finished: nothing."""
-        self.sequences.pop(handle, None)
+        """The sequence leaves the batch (a client gone, a stop string); unknown or finished: nothing.
+        Its cache (the one passed to `add`, if any) keeps what it holds, in arrays of its own."""
+        s = self.sequences.pop(handle, None)
+        if s is not None:
+            unpool(s.cache)
 
     def step(self) -> dict[int, Step]:
         """One token for every sequence in the batch, by handle; a Step with a finish is its last."""
@@ -96,7 +104,7 @@ class Batch:
         for h, step in out.items():
             step.seconds = seconds
             if step.finish:
-                del self.sequences[h]
+                self.cancel(h)
         return out
 
     def _next_token(self, s: Member, logits: np.ndarray) -> Step:
