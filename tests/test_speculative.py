@@ -163,9 +163,10 @@ def test_a_caller_stopping_early_leaves_the_cache_as_plain_decoding_would():
 def test_lookup_finds_the_most_recent_longest_ngram():
     t = np.array([5, 1, 2, 3, 9, 9, 1, 2, 3, 4, 7, 0, 2, 3])
     assert S.lookup(t, 3) == ([4, 7, 0], 2)           # "2 3" most recently followed by 4
-    assert S.lookup(np.array([1, 2, 3, 1, 2]), 5) == ([3, 1, 2], 2)
+    assert S.lookup(t, 6) == ([4, 7, 0, 2, 3, 4], 2)  # running into the present: the copy goes on over itself
+    assert S.lookup(np.array([1, 2, 3, 1, 2]), 5) == ([3, 1, 2, 3, 1], 2)   # a loop of period 3 goes on
     assert S.lookup(np.array([7, 8, 9]), 4) == ([], 0)
-    assert S.lookup(np.array([4, 4, 4]), 4) == ([4], 2)   # the repeat in progress
+    assert S.lookup(np.array([4, 4, 4]), 4) == ([4, 4, 4, 4], 2)   # the repeat in progress
 
 
 def test_policy_stops_drafting_when_guesses_fail_and_drafts_when_they_hold():
