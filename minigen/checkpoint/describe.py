@@ -44,7 +44,8 @@ def mixer_rows(c) -> list[tuple[str, str]]:
     rows = [] if set(kinds) == {"attention"} else \
         [("token mixers", "; ".join(f"{k} in layers {spans(k)}" for k in dict.fromkeys(kinds)))]
     if c.mlp == "moe":
-        rows.append(("experts", f"{c.n_experts} per layer, {c.experts_per_token} per token ({c.router})"))
+        shared = f", and a shared MLP of width {c.shared_intermediate_size}" if c.shared_intermediate_size else ""
+        rows.append(("experts", f"{c.n_experts} per layer, {c.experts_per_token} per token ({c.router}){shared}"))
     return rows
 
 

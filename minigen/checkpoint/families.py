@@ -64,7 +64,7 @@ import numpy as np
 from .fields import Fields
 from .rope import read_rope, rope_parameters
 from ..engine.config import DeltaNet, Mamba, ShortConv
-from ..errors import MinigenError, is_number, short
+from ..errors import MinigenError, is_int, is_number, short
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,8 @@ _MAMBA = dict(w_in=_Q + "mamba.in_proj.weight", b_in=_Q + "mamba.in_proj.bias", 
               conv_b=_Q + "mamba.conv1d.bias", A_log=_Q + "mamba.A_log", dt_bias=_Q + "mamba.dt_bias", D=_Q + "mamba.D",
               gate_norm=_Q + "mamba.norm.weight", w_out=_Q + "mamba.out_proj.weight", b_out=_Q + "mamba.out_proj.bias")
 GRANITE_HYBRID = _llama_tensors(w_gate_up=_Q + "shared_mlp.input_linear.weight",
-                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA)
+                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA,
+                                **{k: GRANITEMOE[k] for k in ("router", "experts_gate_up", "experts_down")})
 FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_Q + "pre_ff_layernorm.weight",
                            w_gate_up=(_Q + "feed_forward.gate_proj.weight", _Q + "feed_forward.up_proj.weight"),
                            b_gate_up=(_Q + "feed_forward.gate_proj.bias", _Q + "feed_forward.up_proj.bias"),
@@ -445,9 +446,8 @@ FLOAT_TAGS = ("Infinity", "-Infinity")
 
 def _granite_hybrid(get, f):
     """Granite 4.0(-H): Mamba2 or attention per layer (layer_types, "mamba"/"attention" in the 4.x
-    spelling), NoPE unless position_embedding_type is "rope", a shared gated MLP, Granite's multipliers."""
-    if get.raw.get("num_local_experts", 8) != 0:  # transformers' default is 8
-        raise_field(get, "num_local_experts", "0 (minigen runs the dense Granite 4.0 models, not the MoE ones)")
+    spelling), NoPE unless position_embedding_type is "rope", a shared gated MLP (alone, or beside routed
+    experts), Granite's multipliers."""
     types = get.list("layer_types", "layers_block_type", default=None) or ["mamba"] * f["n_layers"]
     kinds = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
     out = _mixers(get, f, kinds, "layer_types", types)
@@ -461,9 +461,21 @@ def _granite_hybrid(get, f):
         raise_field(get, "position_embedding_type", '"rope", "nope" or null')
     if kind != "rope":
         out["rope"] = (None,) * f["n_layers"]
-    out["intermediate_size"] = get.int("shared_intermediate_size", default=1024)
+    out.update(_granite_hybrid_mlp(get))
     out.update(granite_multipliers(get))
     return {**_biases(get, f), **out, "mlp_bias": False}
+
+
+def _granite_hybrid_mlp(get) -> dict:
+    """Granite 4.0(-H)'s MLP: the shared gated MLP (shared_intermediate_size wide) alone where
+    num_local_experts is 0 (the dense models), else added to num_local_experts routed experts of
+    intermediate_size each, num_experts_per_tok per token (Tiny: 64 top 6, Small: 72 top 10)."""
+    shared = get.int("shared_intermediate_size", default=1024)
+    n = get.raw.get("num_local_experts", 8)  # transformers' default is 8
+    if is_int(n) and n == 0:
+        return {"intermediate_size": shared}
+    return {"mlp": "moe", **_experts(get, "num_local_experts", 8, "num_experts_per_tok", 2),
+            "shared_intermediate_size": shared}
 
 
 def _falcon_h1(get, f):
@@ -879,7 +891,7 @@ FAMILIES = {
                    gguf=Gguf("lfm2", "Lfm2ForCausalLM", _gguf_lfm2, fixes={"shortconv.conv.weight": "channels"},
                              recurrent=True)),
     "granitemoehybrid": Family(GRANITE_HYBRID, read=_granite_hybrid, fix={"conv_w": "depthwise"},
-                               defaults=dict(max_position_embeddings=2048),
+                               defaults=dict(max_position_embeddings=2048, intermediate_size=11008),
                                gguf=Gguf("granitehybrid", "GraniteMoeHybridForCausalLM", _gguf_granite_hybrid,
                                          fixes={**PERMUTED, **MAMBA2_FIXES}, recurrent=True,
                                          tensors={**DT_BIAS, "w_gate_up": ("ffn_gate.weight", "ffn_up.weight"),
