@@ -119,6 +119,21 @@ def test_a_kernel_the_weights_contradict_is_refused_naming_the_tensor(tmp_path):
         minigen.load(tmp_path / "m")
 
 
+def test_an_expert_count_the_weights_contradict_is_refused_naming_the_tensor(tmp_path):
+    import json
+    import shutil
+    shutil.copytree(FIXTURES_DIR / "granitemoehybrid_moe", tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["num_local_experts"] = 6                                     # the weights hold 8
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MinigenError, match=r"block_sparse_moe\.\w+(\.\w+)*\.weight.*shape \[8, .*expected \[6, "):
+        minigen.load(tmp_path / "m")
+    cfg["num_local_experts"] = 0                                     # dense: the experts' tensors are unexpected
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MinigenError, match=r"unexpected tensor 'model\.layers\.0\.block_sparse_moe\."):
+        minigen.load(tmp_path / "m")
+
+
 # --- the prompt in pieces, and rolling back --------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(HYBRID_FIXTURES))

@@ -22,7 +22,7 @@ def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
         ("layers", c.n_layers),
         *mixer_rows(c),
         ("hidden size", c.hidden_size),
-        ("intermediate size", c.intermediate_size),
+        ("intermediate size", f"{c.intermediate_size}{' per expert' if c.mlp == 'moe' else ''}"),
         ("heads", f"{c.n_heads} query, {c.n_kv_heads} key/value, head dim {c.head_dim}"),
         ("vocabulary", c.vocab_size),
         ("context", f"{c.max_position_embeddings} tokens" + (f", sliding window {c.sliding_window}"
