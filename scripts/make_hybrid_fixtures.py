@@ -129,8 +129,9 @@ FIXTURES = {
     "granitemoehybrid_attn": dict(style="llama_chatml", vocab=300, seed=37, v4=True,
                                   config=lambda v, s: granite(v, s, layer_types=["attention"] * 2, num_hidden_layers=2,
                                                               position_embedding_type="rope")),
-    # Granite 4.0-H Tiny / Small's MLP: routed experts (intermediate_size each) plus the shared MLP
-    "granitemoehybrid_moe": dict(style="llama_chatml", vocab=308, seed=40,
+    # Granite 4.0-H Tiny / Small's MLP: routed experts (intermediate_size each) plus the shared MLP; a vocabulary
+    # of a multiple of 8, which llama.cpp's converter keeps as it is (it pads a Mamba2 model's token list to one)
+    "granitemoehybrid_moe": dict(style="llama_chatml", vocab=312, seed=40,
                                  config=lambda v, s: granite(v, s, num_local_experts=8, num_experts_per_tok=3,
                                                              intermediate_size=16, shared_intermediate_size=24)),
     "granitemoehybrid_moe_v4": dict(style="llama_chatml", vocab=296, seed=41, v4=True,
