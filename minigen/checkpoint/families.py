@@ -48,7 +48,8 @@ Canonical names, per layer unless global:
                                                            depthwise conv (C, K), output projection
     A_log, dt_bias, D, gate_norm                           Gated DeltaNet / Mamba2: decay, step bias, skip,
                                                            the output's gated RMSNorm
-    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F)
+    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F);
+                                                           w_gate_up, w_down beside them: the shared MLP (Granite 4.0-H)
 
 A multimodal checkpoint (`WRAPPERS`: Gemma 3, Mistral 3, Qwen3.5) is read as its language model: its
 config.json's `text_config` is the family's config, its tensors under the language model's prefix are the
