@@ -115,7 +115,8 @@ U32, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
     ("qwen3_5", {"qwen35.ssm.inner_size": (30, U32)}, ["qwen35.ssm.inner_size", "time_step_rank"]),
     ("qwen3_5", {"qwen35.nextn_predict_layers": (5, U32)}, ["qwen35.nextn_predict_layers"]),
     ("falcon_h1", {"falcon-h1.ssm.time_step_rank": (3, U32)}, ["falcon-h1.ssm.inner_size", "time_step_rank (3)"]),
-], ids=["granite-top-k", "granite-no-shared-width", "granite-expert-count", "lfm2-window", "lfm2-kv", "qwen-inner", "qwen-nextn", "falcon-heads"])
+], ids=["granite-top-k", "granite-no-shared-width", "granite-expert-count", "lfm2-window", "lfm2-kv", "qwen-inner",
+        "qwen-nextn", "falcon-heads"])
 def test_metadata_minigen_does_not_run_is_named(tmp_path, name, kv, words):
     refused(rewrite(GGUF / f"{name}.gguf", tmp_path / "bad.gguf", kv=dict(kv)), *words)
 

@@ -98,5 +98,5 @@ def test_the_shared_mlp_is_added_to_the_experts_sum():
     shared = (h[:, :Fs] / (1 + np.exp(-h[:, :Fs])) * h[:, Fs:]) @ shared_down.T.astype(np.float64)
     want = naive(x, router, gate_up, down, K, "topk_softmax") + shared
     np.testing.assert_allclose(moe.moe_mlp(x, p, cfg), want, atol=2e-5)
-    alone = moe.moe_mlp(x, p, SimpleNamespace(**{**vars(cfg), "shared_intermediate_size": 0}))   # GraniteMoE: no shared MLP
+    alone = moe.moe_mlp(x, p, SimpleNamespace(**{**vars(cfg), "shared_intermediate_size": 0}))   # GraniteMoE's
     np.testing.assert_allclose(alone, naive(x, router, gate_up, down, K, "topk_softmax"), atol=2e-5)

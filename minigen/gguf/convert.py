@@ -61,8 +61,8 @@ class _Tensor:
     fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
     up: "_Tensor | None" = None  # the second of two tensors llama.cpp split this one into, written after it
-    #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's ffn_gate + ffn_up,
-    #                            or ffn_gate_shexp + ffn_up_shexp beside experts)
+    #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's
+    #                            ffn_gate + ffn_up, or ffn_gate_shexp + ffn_up_shexp beside experts)
     vector: bool = False       # one-dimensional in the GGUF
 
     @property
