@@ -722,9 +722,9 @@ def _gguf_granite_hybrid(m, t) -> dict:
 
 
 def _gguf_hybrid_mlp(m) -> dict:
-    """Granite 4.0-H's MLP: dense (expert_count 0 or absent), the shared MLP's width is
-    expert_shared_feed_forward_length, else feed_forward_length; with experts, llama.cpp runs the shared MLP
-    only where that key is set, and Granite 4.0-H always has one, so it is required."""
+    """Granite 4.0-H's MLP. Dense (expert_count 0 or absent): the shared MLP alone, expert_shared_feed_forward_length
+    wide, else feed_forward_length. With experts: expert_count of feed_forward_length each beside the shared MLP,
+    whose width key is then required (llama.cpp runs no shared MLP without it; Granite 4.0-H always has one)."""
     if not m.int("expert_count", default=0, minimum=0):
         return {"num_local_experts": 0, "shared_intermediate_size": m.int("expert_shared_feed_forward_length",
                                                                           default=m.int("feed_forward_length"))}
