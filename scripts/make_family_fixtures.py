@@ -367,7 +367,8 @@ EXPERT_FIXTURES = ("granitemoe", "granitemoe_v4")
 def expert_reference(name: str) -> None:
     """tests/fixtures/<name>/expert_reference.npz: each layer's routing as GraniteMoeTopKRouter returns it
     (top_k_index, top_k_weights: a forward hook), and the logits with some experts' down projections zeroed
-    in the state dict (the expert adds nothing where it was chosen; nothing else changes)."""
+    in the state dict (the expert adds nothing where it was chosen; nothing else changes). Also called by
+    scripts/make_hybrid_fixtures.py for Granite 4.0-H with experts (GraniteMoeHybridTopKRouter, the same)."""
     path = OUT / name
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     ids = np.load(path / "reference.npz")["input_ids"].astype(np.int64)

@@ -233,6 +233,13 @@ SPECS = {
                                                                      tie_word_embeddings=True),
                                   patch=lambda c: c.update(layer_types=["attention" if t == "full_attention" else
                                                                         "mamba" for t in c["layer_types"]])),
+    # Granite 4.0-H with routed experts (Tiny, Small), from the parity fixture: 8 experts top 3 (llama.cpp splits
+    # input_linear into ffn_gate_exps and ffn_up_exps, as for granitemoe) beside the shared MLP, which it writes as
+    # ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp (expert_shared_feed_forward_length) when there are experts
+    "granitemoehybrid_moe": dict(fixture="granitemoehybrid_moe", pre="gpt-2", outtype="f32", ref="transformers-hf",
+                                 family="granitemoehybrid", prompt_tokens=80,
+                                 patch=lambda c: c.update(layer_types=["attention" if t == "full_attention" else
+                                                                       "mamba" for t in c["layer_types"]])),
     # Falcon-H1 with the gated norm in 2 groups after the gate (llama.cpp's order) and every µP multiplier,
     # which llama.cpp's converter folds into the weights
     "falcon_h1": dict(bpe="falcon_h1", pre="falcon-h1", outtype="f32", ref="transformers-hf", family="falcon_h1",

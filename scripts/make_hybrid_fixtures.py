@@ -19,6 +19,10 @@ attention) and `reference.npz`:
                                      compare with its one-shot logits (two algorithms of one recurrence)
     prompt, transformers_version, torch_version
 
+Granite 4.0-H with routed experts (EXPERT_FIXTURES) also gets `expert_reference.npz` (the routing and
+expert ablations, as scripts/make_family_fixtures.py makes it for GraniteMoE), and both its MLPs, the
+experts and the shared one, are checked to move the logits.
+
 `_v4` fixtures have config.json rewritten into the 4.x spelling (rope_theta at the top level,
 torch_dtype, the family's old field names) and are checked to load into identical logits.
 """
@@ -42,6 +46,7 @@ from make_fixtures import (MIN_DISTINCT, MIN_GAP, N_GREEDY, OUT, PROMPT_WORDS, T
 PIECES = (0, 5, 23, 70)   # the prompt is fed as [0:5], [5:23], [23:70], [70:T]: pieces shorter than and
                           # crossing the conv kernel and the chunks
 MIN_TOKENS = 80
+EXPERT_FIXTURES = ("granitemoehybrid_moe", "granitemoehybrid_moe_v4")   # also get expert_reference.npz
 
 
 def prompt_of(tok, n: int = MIN_TOKENS) -> str:
@@ -124,6 +129,17 @@ FIXTURES = {
     "granitemoehybrid_attn": dict(style="llama_chatml", vocab=300, seed=37, v4=True,
                                   config=lambda v, s: granite(v, s, layer_types=["attention"] * 2, num_hidden_layers=2,
                                                               position_embedding_type="rope")),
+    # Granite 4.0-H Tiny / Small's MLP: routed experts (intermediate_size each) plus the shared MLP; a vocabulary
+    # of a multiple of 8, which llama.cpp's converter keeps as it is (it pads a Mamba2 model's token list to one)
+    "granitemoehybrid_moe": dict(style="llama_chatml", vocab=312, seed=40,
+                                 config=lambda v, s: granite(v, s, num_local_experts=8, num_experts_per_tok=3,
+                                                             intermediate_size=16, shared_intermediate_size=24)),
+    "granitemoehybrid_moe_v4": dict(style="llama_chatml", vocab=296, seed=41, v4=True,
+                                    config=lambda v, s: granite(v, s, num_local_experts=5, num_experts_per_tok=2,
+                                                                intermediate_size=24, shared_intermediate_size=16,
+                                                                num_hidden_layers=3, position_embedding_type="rope",
+                                                                layer_types=["mamba", "mamba", "attention"],
+                                                                tie_word_embeddings=True)),
     "falcon_h1": dict(style="llama_chatml", vocab=296, seed=38, config=falcon_h1),
     "falcon_h1_v4": dict(style="llama_chatml", vocab=292, seed=39, v4=True,
                          config=lambda v, s: falcon_h1(v, s, mamba_rms_norm=True, mamba_norm_before_gate=True,
@@ -255,6 +271,8 @@ def make(name: str) -> None:
     gen = generate_ids(loaded, ids)
     assert (gen == ref["greedy_ids"]).all(), f"{name}: generate {gen} != loop {ref['greedy_ids']}"
     check_tokenizer(path, tok, prompt, style)
+    if getattr(loaded.config, "num_local_experts", 0):
+        check_experts_matter(name, loaded, ids)
     arrays = {k: v for k, v in ref.items() if k != "min_gap"}
     arrays.update(prompt=np.array(prompt), transformers_version=np.array(transformers.__version__),
                   torch_version=np.array(torch.__version__))
@@ -265,9 +283,26 @@ def make(name: str) -> None:
           f"transformers pieces vs one shot {pieces:.2e}, {size / 1e3:.0f} KB")
 
 
+@torch.no_grad()
+def check_experts_matter(name: str, model, ids: list[int]) -> None:
+    """Granite 4.0-H with routed experts: the experts' sum and the shared MLP each move the logits by > 1e-2
+    when their output is zeroed (forward hooks on every layer), so that the fixture tests both."""
+    x = torch.tensor([ids])
+    clean = model(x).logits
+    for module in ("block_sparse_moe", "shared_mlp"):
+        zero = lambda m, i, o: torch.zeros_like(o)
+        handles = [getattr(layer, module).register_forward_hook(zero) for layer in model.model.layers]
+        moved = (model(x).logits - clean).abs().max().item()
+        for h in handles:
+            h.remove()
+        assert moved > 1e-2, f"{name}: zeroing every {module} moves the logits by only {moved:.2e}"
+        print(f"{name}: zeroing every layer's {module} moves the logits by {moved:.3f}")
+
+
 # --- lens and ablation, from transformers' hidden states and forward hooks ------------------------------
 
 INSPECT = {"qwen3_5_text": ("linear_attn", 0), "qwen3_5": ("linear_attn", 1), "lfm2": ("conv", 0), "granitemoehybrid": ("mamba", 0),
+           "granitemoehybrid_moe": ("mamba", 0),
            "falcon_h1": ("mamba+self_attn", 1)}   # fixture -> (the token mixer modules of a layer, that layer)
 
 
@@ -305,8 +340,12 @@ def main(names: list[str]) -> None:
         for name in names[1:] or INSPECT:
             inspect_reference(name)
         return
+    from make_family_fixtures import expert_reference   # expert_reference.npz, as for the GraniteMoE fixtures
+
     for name in names or FIXTURES:
         make(name)
+        if name in EXPERT_FIXTURES:
+            expert_reference(name)
 
 
 if __name__ == "__main__":

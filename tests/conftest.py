@@ -55,6 +55,8 @@ HYBRID_FIXTURES = {
     "lfm2_v4": "lfm2",
     "granitemoehybrid": "granitemoehybrid",
     "granitemoehybrid_attn": "granitemoehybrid",
+    "granitemoehybrid_moe": "granitemoehybrid",      # routed experts beside the shared MLP (Granite 4.0-H Tiny/Small)
+    "granitemoehybrid_moe_v4": "granitemoehybrid",
     "falcon_h1": "falcon_h1",
     "falcon_h1_v4": "falcon_h1",
 }

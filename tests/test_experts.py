@@ -15,7 +15,7 @@ from minigen.inspect import commands, experts, hooks
 
 from conftest import FIXTURES_DIR
 
-NAMES = ["granitemoe", "granitemoe_v4"]
+NAMES = ["granitemoe", "granitemoe_v4", "granitemoehybrid_moe", "granitemoehybrid_moe_v4"]
 
 
 def reference(name):
@@ -52,25 +52,30 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def test_experts_command_json_lists_each_token_s_experts():
-    ref = reference("granitemoe")
-    model, tok = minigen.load(FIXTURES_DIR / "granitemoe")
+CLI_NAMES = ["granitemoe", "granitemoehybrid_moe"]   # GraniteMoE; Granite 4.0-H with a shared MLP beside
+
+
+@pytest.mark.parametrize("name", CLI_NAMES)
+def test_experts_command_json_lists_each_token_s_experts(name):
+    ref = reference(name)
+    model, tok = minigen.load(FIXTURES_DIR / name)
     prompt = tok.decode(ref["input_ids"], skip_special_tokens=True)
-    r = cli("experts", prompt, "--model", FIXTURES_DIR / "granitemoe", "--json", "--layers", "1")
+    r = cli("experts", prompt, "--model", FIXTURES_DIR / name, "--json", "--layers", "1")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert [layer["layer"] for layer in out["layers"]] == [1]
     routes = out["layers"][0]["routes"]
     assert [[x["expert"] for x in t["experts"]] for t in routes] == ref["experts"][1].tolist()
-    text = cli("experts", prompt, "--model", FIXTURES_DIR / "granitemoe")
+    text = cli("experts", prompt, "--model", FIXTURES_DIR / name)
     assert text.exit_code == 0 and "layer 0" in text.output and "tokens per expert" in text.output
 
 
-def test_ablate_expert_and_the_sweep_over_experts():
-    path = FIXTURES_DIR / "granitemoe"
-    ref = reference("granitemoe")
+@pytest.mark.parametrize("name", CLI_NAMES)
+def test_ablate_expert_and_the_sweep_over_experts(name):
+    path = FIXTURES_DIR / name
+    ref = reference(name)
     best = int(ref["experts"][0, -1, 0])
-    tok = minigen.load(path)[1]
+    model, tok = minigen.load(path)
     prompt = tok.decode(ref["input_ids"], skip_special_tokens=True)
     r = cli("ablate", prompt, "--model", path, "--expert", f"0.{best}", "--json")
     assert r.exit_code == 0, r.output
@@ -80,7 +85,17 @@ def test_ablate_expert_and_the_sweep_over_experts():
     assert out["kl"] > 0
     r = cli("ablate", prompt, "--model", path, "--sweep", "experts", "--json")
     assert r.exit_code == 0, r.output
-    assert len(json.loads(r.stdout)["effects"]) == 2 * 6
+    assert len(json.loads(r.stdout)["effects"]) == model.config.n_layers * model.config.n_experts
+
+
+@pytest.mark.parametrize("name, row", [
+    ("granitemoe", "6 per layer, 2 per token (topk_softmax)\n"),
+    ("granitemoehybrid_moe", "8 per layer, 3 per token (topk_softmax), and a shared MLP of width 24\n"),
+])
+def test_info_shows_the_experts(name, row):
+    r = cli("info", "--model", FIXTURES_DIR / name)
+    assert r.exit_code == 0, r.output
+    assert "experts:" in r.stdout and row in r.stdout
 
 
 @pytest.mark.parametrize("args, words", [

@@ -28,7 +28,8 @@ FAMILY = {"llama": "llama", "llama_bias": "llama", "llama3_rope": "llama", "mist
           "gpt2": "gpt2", "olmo2": "olmo2", "gpt_neox": "gpt_neox", "smollm3": "smollm3", "quants": "llama",
           "granite": "granite", "granitemoe": "granitemoe", "olmo3": "olmo3", "mistral3": "ministral3",
           "qwen3_5": "qwen3_5_text", "qwen3_5_text": "qwen3_5_text", "lfm2": "lfm2",
-          "granitemoehybrid": "granitemoehybrid", "granitemoehybrid_q8_0": "granitemoehybrid", "falcon_h1": "falcon_h1"}
+          "granitemoehybrid": "granitemoehybrid", "granitemoehybrid_q8_0": "granitemoehybrid",
+          "granitemoehybrid_moe": "granitemoehybrid", "falcon_h1": "falcon_h1"}
 
 
 @pytest.fixture(scope="module")

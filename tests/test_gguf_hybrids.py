@@ -57,9 +57,10 @@ def test_a_log_comes_back_from_minus_exp():
 
 # --- bad files: a fixture rewritten with one thing wrong ------------------------------------------------------
 
-def rewrite(src: Path, out: Path, kv: dict | None = None, drop: str | None = None, tensor=None) -> Path:
-    """A copy of an F32 GGUF fixture with metadata keys set ({key: (value, type)}), a tensor dropped or changed
-    (tensor: (name, fn of its array))."""
+def rewrite(src: Path, out: Path, kv: dict | None = None, drop: str | None = None, tensor=None,
+            extra: dict | None = None) -> Path:
+    """A copy of an F32 GGUF fixture with metadata keys set ({key: (value, type)}; a value None: the key left
+    out), a tensor dropped or changed (tensor: (name, fn of its array)), tensors added ({name: array})."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(out), r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
@@ -70,6 +71,8 @@ def rewrite(src: Path, out: Path, kv: dict | None = None, drop: str | None = Non
         if kv and key in kv:
             value, vtype = kv.pop(key)
             sub = gguf.GGUFValueType.UINT32 if vtype == gguf.GGUFValueType.ARRAY else None
+            if value is None:
+                continue
         w.add_key_value(key, value, vtype, sub_type=sub)
     for key, (value, vtype) in (kv or {}).items():
         w.add_key_value(key, value, vtype)
@@ -80,6 +83,8 @@ def rewrite(src: Path, out: Path, kv: dict | None = None, drop: str | None = Non
         if tensor and t.name == tensor[0]:
             data = tensor[1](data)
         w.add_tensor(t.name, data)
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
     w.close()
     return out
@@ -99,13 +104,19 @@ U32, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
 
 
 @pytest.mark.parametrize("name, kv, words", [
-    ("granitemoehybrid", {"granitehybrid.expert_count": (4, U32)}, ["granitehybrid.expert_count", "dense"]),
+    ("granitemoehybrid_moe", {"granitehybrid.expert_used_count": (9, U32)},
+     ["granitehybrid.expert_used_count", "(9) is more than expert_count (8)"]),
+    ("granitemoehybrid_moe", {"granitehybrid.expert_shared_feed_forward_length": (None, U32)},
+     ["granitehybrid.expert_shared_feed_forward_length", "is missing", "shared MLP"]),
+    ("granitemoehybrid_moe", {"granitehybrid.expert_count": (6, U32)},
+     ["blk.0.ffn_gate_inp.weight", "shape [8, 32], expected [6, 32]"]),
     ("lfm2", {"lfm2.attention.sliding_window": (64, U32)}, ["lfm2.attention.sliding_window"]),
     ("lfm2", {"lfm2.attention.head_count_kv": ([0, 2, 0, 1], ARRAY)}, ["lfm2.attention.head_count_kv", "differs"]),
     ("qwen3_5", {"qwen35.ssm.inner_size": (30, U32)}, ["qwen35.ssm.inner_size", "time_step_rank"]),
     ("qwen3_5", {"qwen35.nextn_predict_layers": (5, U32)}, ["qwen35.nextn_predict_layers"]),
     ("falcon_h1", {"falcon-h1.ssm.time_step_rank": (3, U32)}, ["falcon-h1.ssm.inner_size", "time_step_rank (3)"]),
-], ids=["granite-moe", "lfm2-window", "lfm2-kv", "qwen-inner", "qwen-nextn", "falcon-heads"])
+], ids=["granite-top-k", "granite-no-shared-width", "granite-expert-count", "lfm2-window", "lfm2-kv", "qwen-inner",
+        "qwen-nextn", "falcon-heads"])
 def test_metadata_minigen_does_not_run_is_named(tmp_path, name, kv, words):
     refused(rewrite(GGUF / f"{name}.gguf", tmp_path / "bad.gguf", kv=dict(kv)), *words)
 
@@ -119,6 +130,20 @@ def test_missing_and_misshapen_recurrent_tensors_are_named(tmp_path):
             "blk.0.shortconv.in_proj.weight", "shape")
     refused(rewrite(GGUF / "granitemoehybrid.gguf", tmp_path / "d.gguf", drop="blk.1.ffn_up.weight"),
             "blk.1.ffn_gate.weight", "no ffn_up")
+    refused(rewrite(GGUF / "granitemoehybrid_moe.gguf", tmp_path / "e.gguf", drop="blk.1.ffn_up_shexp.weight"),
+            "blk.1.ffn_gate_shexp.weight", "no ffn_up_shexp")
+    refused(rewrite(GGUF / "granitemoehybrid_moe.gguf", tmp_path / "f.gguf", drop="blk.2.ffn_up_exps.weight"),
+            "blk.2.ffn_gate_exps.weight", "no ffn_up_exps")
+
+
+def test_the_shared_mlp_in_both_of_its_names_is_refused(tmp_path):
+    """Granite 4.0-H's shared MLP is ffn_down in a dense file and ffn_down_shexp beside experts: a file with both
+    would write one Hugging Face tensor twice."""
+    down = np.array(next(t.data for t in gguf.GGUFReader(GGUF / "granitemoehybrid_moe.gguf").tensors
+                         if t.name == "blk.0.ffn_down_shexp.weight"))
+    bad = rewrite(GGUF / "granitemoehybrid_moe.gguf", tmp_path / "a.gguf", extra={"blk.0.ffn_down.weight": down})
+    refused(bad, "blk.0.ffn_down_shexp.weight and blk.0.ffn_down.weight",
+            "model.layers.0.shared_mlp.output_linear.weight")
 
 
 def test_an_ssm_a_that_is_not_minus_exp_is_refused(tmp_path):

@@ -80,8 +80,23 @@ def test_granite_hybrid_reads_both_layer_type_spellings():
     assert (old.intermediate_size, old.mamba.inner, old.mamba.groups) == (96, 128, 1)
 
 
+def test_granite_hybrid_with_routed_experts_reads_both_mlps():
+    """Granite 4.0-H Tiny's MLP sizes (64 experts of 512, top 6, a shared MLP of 1024): the experts' width is
+    intermediate_size, the shared one's shared_intermediate_size; num_local_experts 0 is the shared MLP alone."""
+    c = parse_config(granite(num_local_experts=64, num_experts_per_tok=6, intermediate_size=512,
+                             shared_intermediate_size=1024))
+    assert (c.mlp, c.n_experts, c.experts_per_token, c.router) == ("moe", 64, 6, "topk_softmax")
+    assert (c.intermediate_size, c.shared_intermediate_size) == (512, 1024)
+    dense = parse_config(granite(intermediate_size=512))
+    assert (dense.mlp, dense.intermediate_size, dense.shared_intermediate_size) == ("gated", 96, 0)
+    absent = {k: v for k, v in granite().items() if k != "num_local_experts"}   # transformers' defaults: 8, top 2
+    assert (parse_config(absent).n_experts, parse_config(absent).experts_per_token) == (8, 2)
+
+
 @pytest.mark.parametrize("fields, message", [
-    (dict(num_local_experts=8), "num_local_experts"),
+    (dict(num_local_experts=4, num_experts_per_tok=6), "'num_experts_per_tok' should be at most num_local_experts"),
+    (dict(num_local_experts=4, num_experts_per_tok=0), "'num_experts_per_tok' should be a positive integer"),
+    (dict(num_local_experts=-2), "'num_local_experts' should be a positive integer"),
     (dict(layer_types=["mamba", "conv", "mamba", "mamba"]), "layer_types"),
     (dict(mamba_d_head=24), "mamba_d_head"),
     (dict(position_embedding_type="alibi"), "position_embedding_type"),
@@ -101,6 +116,21 @@ def test_a_kernel_the_weights_contradict_is_refused_naming_the_tensor(tmp_path):
     cfg["conv_L_cache"] = 4
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MinigenError, match=r"conv\.conv\.weight.*shape \[32, 1, 3\], expected \[32, 1, 4\]"):
+        minigen.load(tmp_path / "m")
+
+
+def test_an_expert_count_the_weights_contradict_is_refused_naming_the_tensor(tmp_path):
+    import json
+    import shutil
+    shutil.copytree(FIXTURES_DIR / "granitemoehybrid_moe", tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["num_local_experts"] = 6                                     # the weights hold 8
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MinigenError, match=r"block_sparse_moe\.\w+(\.\w+)*\.weight.*shape \[8, .*expected \[6, "):
+        minigen.load(tmp_path / "m")
+    cfg["num_local_experts"] = 0                                     # dense: the experts' tensors are unexpected
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MinigenError, match=r"unexpected tensor 'model\.layers\.0\.block_sparse_moe\."):
         minigen.load(tmp_path / "m")
 
 

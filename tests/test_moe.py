@@ -83,3 +83,20 @@ def test_one_token_one_expert_is_one_gated_mlp():
     h = gate_up[3] @ x[0]
     np.testing.assert_allclose(moe.experts_out(x[:1], idx, w, gate_up, down, "silu")[0],
                                down[3] @ (silu(h[:F]) * h[F:]), rtol=1e-5)
+
+
+def test_the_shared_mlp_is_added_to_the_experts_sum():
+    """Granite 4.0-H: moe_mlp = the routed experts' sum + a gated MLP of its own width on every token."""
+    from types import SimpleNamespace
+    x, router, gate_up, down = arrays()
+    Fs = 7
+    shared_gate_up = RNG.standard_normal((2 * Fs, D)).astype(np.float32) * 0.3
+    shared_down = RNG.standard_normal((D, Fs)).astype(np.float32) * 0.3
+    p = dict(router=router, experts_gate_up=gate_up, experts_down=down, w_gate_up=shared_gate_up, w_down=shared_down)
+    cfg = SimpleNamespace(experts_per_token=K, router="topk_softmax", act="silu", shared_intermediate_size=Fs)
+    h = x.astype(np.float64) @ shared_gate_up.T.astype(np.float64)
+    shared = (h[:, :Fs] / (1 + np.exp(-h[:, :Fs])) * h[:, Fs:]) @ shared_down.T.astype(np.float64)
+    want = naive(x, router, gate_up, down, K, "topk_softmax") + shared
+    np.testing.assert_allclose(moe.moe_mlp(x, p, cfg), want, atol=2e-5)
+    alone = moe.moe_mlp(x, p, SimpleNamespace(**{**vars(cfg), "shared_intermediate_size": 0}))   # GraniteMoE's
+    np.testing.assert_allclose(alone, naive(x, router, gate_up, down, K, "topk_softmax"), atol=2e-5)

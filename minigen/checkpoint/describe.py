@@ -22,7 +22,7 @@ def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
         ("layers", c.n_layers),
         *mixer_rows(c),
         ("hidden size", c.hidden_size),
-        ("intermediate size", c.intermediate_size),
+        ("intermediate size", f"{c.intermediate_size}{' per expert' if c.mlp == 'moe' else ''}"),
         ("heads", f"{c.n_heads} query, {c.n_kv_heads} key/value, head dim {c.head_dim}"),
         ("vocabulary", c.vocab_size),
         ("context", f"{c.max_position_embeddings} tokens" + (f", sliding window {c.sliding_window}"
@@ -44,7 +44,8 @@ def mixer_rows(c) -> list[tuple[str, str]]:
     rows = [] if set(kinds) == {"attention"} else \
         [("token mixers", "; ".join(f"{k} in layers {spans(k)}" for k in dict.fromkeys(kinds)))]
     if c.mlp == "moe":
-        rows.append(("experts", f"{c.n_experts} per layer, {c.experts_per_token} per token ({c.router})"))
+        shared = f", and a shared MLP of width {c.shared_intermediate_size}" if c.shared_intermediate_size else ""
+        rows.append(("experts", f"{c.n_experts} per layer, {c.experts_per_token} per token ({c.router}){shared}"))
     return rows
 
 

@@ -31,7 +31,8 @@ kind. What llama.cpp did, per family:
                      squeezed; value heads tiled (QWEN3_5_FIXES); an MTP block appended (dropped: nextn_predict_layers)
     lfm2             the short conv squeezed; head_count_kv per layer (0: a conv layer); the MLP width adjusted
     granitemoehybrid (granitehybrid) Mamba2 as below, q/k permuted, shared_mlp.input_linear split into ffn_gate
-                     and ffn_up; head_count_kv 0 on a Mamba2 layer
+                     and ffn_up (ffn_gate_shexp and ffn_up_shexp beside routed experts, whose input_linear is
+                     split as granitemoe's); head_count_kv 0 on a Mamba2 layer
     falcon_h1        every µP multiplier folded into the weights, none written; Mamba2 (MAMBA2_FIXES):
                      A_log as -exp(A_log) (H, 1), D (H, 1), the conv (C, K), the group norm (G, I/G)
 Tensor names are not written by hand: the `gguf` package's own table (gguf.TensorNameMap, the one
@@ -47,7 +48,8 @@ Canonical names, per layer unless global:
                                                            depthwise conv (C, K), output projection
     A_log, dt_bias, D, gate_norm                           Gated DeltaNet / Mamba2: decay, step bias, skip,
                                                            the output's gated RMSNorm
-    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F)
+    router, experts_gate_up, experts_down                  routed experts (moe): (E, D), (E, 2F, D), (E, D, F);
+                                                           w_gate_up, w_down beside them: the shared MLP (Granite 4.0-H)
 
 A multimodal checkpoint (`WRAPPERS`: Gemma 3, Mistral 3, Qwen3.5) is read as its language model: its
 config.json's `text_config` is the family's config, its tensors under the language model's prefix are the
@@ -64,7 +66,7 @@ import numpy as np
 from .fields import Fields
 from .rope import read_rope, rope_parameters
 from ..engine.config import DeltaNet, Mamba, ShortConv
-from ..errors import MinigenError, is_number, short
+from ..errors import MinigenError, is_int, is_number, short
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ class Gguf:
     spell: Callable = lambda cfg: cfg     # the family's own config.json names, where it has them
     tensors: dict = field(default_factory=dict)  # canonical tensor -> its GGUF name without "blk.N.", where the
     #                                       gguf package's table has none or another; a tuple: the GGUF tensors
-    #                                       llama.cpp split it into by rows, joined again (Granite 4.0-H's MLP)
+    #                                       llama.cpp split it into by rows, joined again (Granite 4.0-H's MLP);
+    #                                       a list: alternatives, of which a file has one (that MLP's ffn_* in a
+    #                                       dense file, ffn_*_shexp beside routed experts)
     recurrent: bool = False               # attention.head_count_kv 0 marks a recurrent layer (LFM2, Granite 4.0-H)
 
 
@@ -344,7 +348,8 @@ _MAMBA = dict(w_in=_Q + "mamba.in_proj.weight", b_in=_Q + "mamba.in_proj.bias", 
               conv_b=_Q + "mamba.conv1d.bias", A_log=_Q + "mamba.A_log", dt_bias=_Q + "mamba.dt_bias", D=_Q + "mamba.D",
               gate_norm=_Q + "mamba.norm.weight", w_out=_Q + "mamba.out_proj.weight", b_out=_Q + "mamba.out_proj.bias")
 GRANITE_HYBRID = _llama_tensors(w_gate_up=_Q + "shared_mlp.input_linear.weight",
-                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA)
+                                w_down=_Q + "shared_mlp.output_linear.weight", **_MAMBA,
+                                **{k: GRANITEMOE[k] for k in ("router", "experts_gate_up", "experts_down")})
 FALCON_H1 = _llama_tensors(final_norm="model.final_layernorm.weight", mlp_norm=_Q + "pre_ff_layernorm.weight",
                            w_gate_up=(_Q + "feed_forward.gate_proj.weight", _Q + "feed_forward.up_proj.weight"),
                            b_gate_up=(_Q + "feed_forward.gate_proj.bias", _Q + "feed_forward.up_proj.bias"),
@@ -445,9 +450,8 @@ FLOAT_TAGS = ("Infinity", "-Infinity")
 
 def _granite_hybrid(get, f):
     """Granite 4.0(-H): Mamba2 or attention per layer (layer_types, "mamba"/"attention" in the 4.x
-    spelling), NoPE unless position_embedding_type is "rope", a shared gated MLP, Granite's multipliers."""
-    if get.raw.get("num_local_experts", 8) != 0:  # transformers' default is 8
-        raise_field(get, "num_local_experts", "0 (minigen runs the dense Granite 4.0 models, not the MoE ones)")
+    spelling), NoPE unless position_embedding_type is "rope", a shared gated MLP (alone, or beside routed
+    experts), Granite's multipliers."""
     types = get.list("layer_types", "layers_block_type", default=None) or ["mamba"] * f["n_layers"]
     kinds = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
     out = _mixers(get, f, kinds, "layer_types", types)
@@ -461,9 +465,21 @@ def _granite_hybrid(get, f):
         raise_field(get, "position_embedding_type", '"rope", "nope" or null')
     if kind != "rope":
         out["rope"] = (None,) * f["n_layers"]
-    out["intermediate_size"] = get.int("shared_intermediate_size", default=1024)
+    out.update(_granite_hybrid_mlp(get))
     out.update(granite_multipliers(get))
     return {**_biases(get, f), **out, "mlp_bias": False}
+
+
+def _granite_hybrid_mlp(get) -> dict:
+    """Granite 4.0(-H)'s MLP: the shared gated MLP (shared_intermediate_size wide) alone where
+    num_local_experts is 0 (the dense models), else added to num_local_experts routed experts of
+    intermediate_size each, num_experts_per_tok per token (Tiny: 64 top 6, Small: 72 top 10)."""
+    shared = get.int("shared_intermediate_size", default=1024)
+    n = get.raw.get("num_local_experts", 8)  # transformers' default is 8
+    if is_int(n) and n == 0:
+        return {"intermediate_size": shared}
+    return {"mlp": "moe", **_experts(get, "num_local_experts", 8, "num_experts_per_tok", 2),
+            "shared_intermediate_size": shared}
 
 
 def _falcon_h1(get, f):
@@ -616,8 +632,15 @@ def _gguf_granite(m, t) -> dict:
 def _gguf_granitemoe(m, t) -> dict:
     """GraniteMoE: Granite's multipliers and routed experts (expert_count, expert_used_count); llama.cpp split
     each layer's input_linear into ffn_gate_exps and ffn_up_exps (minigen/gguf/convert.py joins them again)."""
-    return {**_gguf_granite(m, t), "num_local_experts": m.int("expert_count"),
-            "num_experts_per_tok": m.int("expert_used_count")}
+    return {**_gguf_granite(m, t), **_gguf_experts(m)}
+
+
+def _gguf_experts(m) -> dict:
+    """expert_count routed experts, expert_used_count of them per token."""
+    n, k = m.int("expert_count"), m.int("expert_used_count")
+    if k > n:
+        m.fail("expert_used_count", f"({k}) is more than expert_count ({n})")
+    return {"num_local_experts": n, "num_experts_per_tok": k}
 
 
 def _gguf_mistral3(m, t) -> dict:
@@ -682,24 +705,33 @@ def _gguf_granite_hybrid(m, t) -> dict:
     """Granite 4.0-H (granitehybrid): a layer is Mamba2 where attention.head_count_kv is 0; Granite's multipliers
     as llama.cpp reads them (none required: no logit_scale is no scaling, no attention.scale 1/sqrt(head_dim));
     RoPE only when rope.scaling.finetuned says so (llama.cpp's switch for it, default on); the shared MLP's width
-    (expert_shared_feed_forward_length, else feed_forward_length). Only the dense models: expert_count 0."""
-    if m.int("expert_count", default=0, minimum=0):
-        m.fail("expert_count", f"is {m.raw[m.arch + '.expert_count']}; minigen runs the dense Granite 4.0 models "
-                               f"(expert_count 0), not the MoE ones")
+    (expert_shared_feed_forward_length, else feed_forward_length) and, where expert_count is not 0, routed
+    experts of feed_forward_length each (Tiny, Small)."""
     hidden, inner = m.int("embedding_length"), m.int("ssm.inner_size")
     if inner % hidden:
         m.fail("ssm.inner_size", f"({inner}) is not a multiple of embedding_length ({hidden}), the Mamba2 expansion")
     head_dim = m.int("attention.key_length", default=hidden // m.int("attention.head_count"))
-    return {**_gguf_mamba2(m, t, inner), "mamba_expand": inner // hidden, "num_local_experts": 0,
+    return {**_gguf_mamba2(m, t, inner), "mamba_expand": inner // hidden, **_gguf_hybrid_mlp(m),
             "layer_types": ["mamba" if kv == 0 else "attention" for kv in m.head_counts_kv()],
             "position_embedding_type": "rope" if m.bool("rope.scaling.finetuned", default=True) else "nope",
-            "shared_intermediate_size": m.int("expert_shared_feed_forward_length",
-                                              default=m.int("feed_forward_length")),
             "logits_scaling": m.float("logit_scale", default=1.0),
             "attention_multiplier": m.float("attention.scale", default=head_dim ** -0.5),
             "residual_multiplier": m.float("residual_scale", default=1.0),
             "embedding_multiplier": m.float("embedding_scale", default=1.0),
             "attention_bias": t.any("attn_q.bias")}
+
+
+def _gguf_hybrid_mlp(m) -> dict:
+    """Granite 4.0-H's MLP. Dense (expert_count 0 or absent): the shared MLP alone, expert_shared_feed_forward_length
+    wide, else feed_forward_length. With experts: expert_count of feed_forward_length each beside the shared MLP,
+    whose width key is then required (llama.cpp runs no shared MLP without it; Granite 4.0-H always has one)."""
+    if not m.int("expert_count", default=0, minimum=0):
+        return {"num_local_experts": 0, "shared_intermediate_size": m.int("expert_shared_feed_forward_length",
+                                                                          default=m.int("feed_forward_length"))}
+    if not m.has("expert_shared_feed_forward_length"):
+        m.fail("expert_shared_feed_forward_length", "is missing: Granite 4.0-H's routed experts come with a shared "
+                                                    "MLP (ffn_*_shexp), and its width is that key")
+    return {**_gguf_experts(m), "shared_intermediate_size": m.int("expert_shared_feed_forward_length")}
 
 
 def _gguf_falcon_h1(m, t) -> dict:
@@ -821,6 +853,9 @@ MAMBA2_FIXES = {"ssm_a": "a_log", "ssm_d": "vector", "ssm_norm": "vector", "ssm_
 QWEN3_5_FIXES = {"ssm_a": "dn_a_log", "ssm_dt": "dn_rows", "attn_gate": "dn_rows", "ssm_beta": "dn_rows",
                  "ssm_alpha": "dn_rows", "attn_qkv": "dn_qkv", "ssm_conv1d.weight": "dn_conv", "ssm_out": "dn_out"}
 DT_BIAS = {"dt_bias": "ssm_dt.bias"}  # llama.cpp's converter renames dt_bias to dt_proj.bias before its table
+GRANITE_HYBRID_SHARED_MLP = {  # shared_mlp.input_linear split into gate and up: ffn_* in a dense file, ffn_*_shexp
+    "w_gate_up": [("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_shexp.weight", "ffn_up_shexp.weight")],
+    "w_down": ["ffn_down.weight", "ffn_down_shexp.weight"]}   # beside routed experts (conversion/granite.py)
 
 
 # --- the table ------------------------------------------------------------------------------------------------
@@ -879,11 +914,10 @@ FAMILIES = {
                    gguf=Gguf("lfm2", "Lfm2ForCausalLM", _gguf_lfm2, fixes={"shortconv.conv.weight": "channels"},
                              recurrent=True)),
     "granitemoehybrid": Family(GRANITE_HYBRID, read=_granite_hybrid, fix={"conv_w": "depthwise"},
-                               defaults=dict(max_position_embeddings=2048),
+                               defaults=dict(max_position_embeddings=2048, intermediate_size=11008),
                                gguf=Gguf("granitehybrid", "GraniteMoeHybridForCausalLM", _gguf_granite_hybrid,
                                          fixes={**PERMUTED, **MAMBA2_FIXES}, recurrent=True,
-                                         tensors={**DT_BIAS, "w_gate_up": ("ffn_gate.weight", "ffn_up.weight"),
-                                                  "w_down": "ffn_down.weight"})),
+                                         tensors={**DT_BIAS, **GRANITE_HYBRID_SHARED_MLP})),
     "falcon_h1": Family(FALCON_H1, read=_falcon_h1, fix={"conv_w": "depthwise"},
                         defaults=dict(norm_eps=1e-5, max_position_embeddings=8192),
                         gguf=Gguf("falcon-h1", "FalconH1ForCausalLM", _gguf_falcon_h1, fixes=MAMBA2_FIXES,

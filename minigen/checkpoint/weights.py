@@ -258,9 +258,11 @@ def layer_shapes(cfg: Config, i: int) -> dict:
     if "attention" in mixer:
         layer.update(attention_shapes(cfg))
     layer.update(MIXER_SHAPES.get(mixer.replace("attention+", "").replace("attention", ""), lambda c: {})(cfg))
-    if cfg.mlp == "moe":  # routed experts, kept 3-D as stored
-        E = cfg.n_experts
+    if cfg.mlp == "moe":  # routed experts, kept 3-D as stored, and the shared MLP beside them (Granite 4.0-H)
+        E, S = cfg.n_experts, cfg.shared_intermediate_size
         layer.update(router=(E, D), experts_gate_up=(E, 2 * F, D), experts_down=(E, D, F))
+        if S:
+            layer.update(w_gate_up=(2 * S, D), w_down=(D, S))
     else:
         layer.update(w_down=(D, F))
         layer.update(w_gate_up=(2 * F, D)) if cfg.mlp == "gated" else layer.update(w_up=(F, D))
@@ -329,6 +331,8 @@ def row_splits(cfg: Config, name: str) -> list[int]:
         m = cfg.delta_net
         return [2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim, m.value_heads * m.value_dim,
                 m.value_heads, m.value_heads]
+    if cfg.mlp == "moe":  # the shared MLP's gate and up (the experts' are one tensor)
+        F = cfg.shared_intermediate_size
     return [F, F]  # w_gate_up, b_gate_up
 
 

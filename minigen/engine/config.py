@@ -91,6 +91,7 @@ class Config:
     n_experts: int = 0                # moe: experts per layer (E)
     experts_per_token: int = 0        # moe: top-k
     router: str = "topk_softmax"      # moe: how the chosen experts' weights are normalised (moe.NORMALISATIONS)
+    shared_intermediate_size: int = 0  # moe: a gated MLP this wide beside the experts, on every token (Granite 4.0-H)
     act: str = "silu"
     positions: str = "rope"           # "rope" | "learned" (GPT-2)
     embed_scale: bool = False         # Gemma: embeddings x sqrt(hidden)

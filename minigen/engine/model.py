@@ -17,7 +17,7 @@ Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up 
                                      (short_conv.py), Mamba2 (ssm.py), attention beside Mamba2 (MIXERS)
     a = attn_post_norm(a)            [Gemma 2/3, OLMo 2]
     x = x + r a                      [parallel residual: the MLP reads x from before this add, GPT-NeoX]
-    m = mlp(mlp_norm(x))             (MLPS: gated, plain, or routed experts, moe.py)
+    m = mlp(mlp_norm(x))             (MLPS: gated, plain, or routed experts, moe.py, with a shared MLP beside)
     m = mlp_post_norm(m)             [Gemma 2/3, OLMo 2]
     x = x + r m                      r: Granite's residual_multiplier (else 1)
 

@@ -10,6 +10,7 @@ the weighted sum of those experts' gated MLPs:
     idx     = the k largest logits of each row     (N, k), best first (torch.topk's order)
     weights = the family's normalisation           (N, k): GraniteMoE, Mixtral: softmax over the k chosen logits
     out[n]  = sum_j weights[n, j] * expert_{idx[n, j]}(x[n]),   expert_e(x) = down_e(act(gate_e x) * up_e x)
+            [+ shared(x[n])]                       Granite 4.0-H: a gated MLP every token also goes through
 
 The experts stay as the checkpoint stores them, 3-D: gate_up (E, 2F, D) and down (E, D, F), each expert's
 slice applied as x @ w[e].T without a copy. A prompt's tokens are grouped by expert, so prefill is one GEMM
@@ -64,18 +65,23 @@ def by_expert(idx: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return {int(experts[s]): (order[s:e] // k, order[s:e] % k) for s, e in zip(starts, ends)}
 
 
+def gated(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, fn) -> np.ndarray:
+    """One expert (or the shared MLP) on rows x (n, D): down(fn(gate x) * up x), gate_up (2F, D), down (D, F)."""
+    h = x @ gate_up.T                                                        # (n, 2F)
+    F = h.shape[1] // 2
+    g = fn(h[:, :F])                                                         # (n, F)
+    g *= h[:, F:]
+    return g @ down.T                                                        # (n, D)
+
+
 def experts_out(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, gate_up: np.ndarray, down: np.ndarray,
                 act: str) -> np.ndarray:
     """(N, D): each token's weighted sum of its experts' gated MLPs, one GEMM pair per expert chosen.
     Experts are added in expert order into zeros, as transformers' index_add_ loop does."""
     out = np.zeros_like(x)                                                   # (N, D)
-    F = gate_up.shape[1] // 2
     fn = activation(act)
     for e, (rows, slots) in by_expert(idx).items():
-        h = x[rows] @ gate_up[e].T                                           # (n_e, 2F)
-        g = fn(h[:, :F])                                                     # (n_e, F)
-        g *= h[:, F:]
-        y = g @ down[e].T                                                    # (n_e, D)
+        y = gated(x[rows], gate_up[e], down[e], fn)                          # (n_e, D)
         y *= weights[rows, slots][:, None]
         out[rows] += y
     return out
@@ -88,6 +94,10 @@ def without(idx: np.ndarray, weights: np.ndarray, experts) -> np.ndarray:
 
 
 def moe_mlp(x: np.ndarray, p: dict, cfg) -> np.ndarray:
-    """The MLP kind "moe" on rows x (N, D), already normed: route, then the chosen experts."""
+    """The MLP kind "moe" on rows x (N, D), already normed: route, then the chosen experts, plus the shared
+    MLP (w_gate_up, w_down) where the family has one (cfg.shared_intermediate_size)."""
     idx, weights = route(x, p["router"], cfg.experts_per_token, cfg.router)  # (N, k) x2
-    return experts_out(x, idx, weights, p["experts_gate_up"], p["experts_down"], cfg.act)
+    out = experts_out(x, idx, weights, p["experts_gate_up"], p["experts_down"], cfg.act)
+    if cfg.shared_intermediate_size:  # transformers adds it to the experts' sum: moe(x) + shared_mlp(x)
+        out += gated(x, p["w_gate_up"], p["w_down"], activation(cfg.act))
+    return out

@@ -297,7 +297,8 @@ def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
 def tensor_names(arch_name: str, family, n_layers: int) -> dict[str, tuple[str, str, int]]:
     """GGUF tensor name -> (the family's HF tensor name, its canonical name, which part of it: 0, or 1 for the
     second of two tensors llama.cpp split it into), for every tensor the family can have. From the gguf package's
-    table, but where the family's entry names the GGUF tensor itself (`Gguf.tensors`)."""
+    table, but where the family's entry names the GGUF tensor itself (`Gguf.tensors`; a list there: alternatives,
+    each GGUF name of them mapped to the same HF tensor)."""
     import gguf
 
     tmap = gguf.get_tensor_name_map(_gguf_arch(arch_name), n_layers)
@@ -308,9 +309,10 @@ def tensor_names(arch_name: str, family, n_layers: int) -> dict[str, tuple[str, 
             for i in (range(n_layers) if "{}" in template else (None,)):
                 hf = template.format(i) if i is not None else template
                 if key in own:
-                    locals_ = own[key] if isinstance(own[key], tuple) else (own[key],)
-                    for part, local in enumerate(locals_):
-                        names.setdefault(local if i is None else f"blk.{i}.{local}", (hf, key, part))
+                    for alternative in own[key] if isinstance(own[key], list) else [own[key]]:
+                        locals_ = alternative if isinstance(alternative, tuple) else (alternative,)
+                        for part, local in enumerate(locals_):
+                            names.setdefault(local if i is None else f"blk.{i}.{local}", (hf, key, part))
                     continue
                 g = tmap.get_name(hf, try_suffixes=(".weight", ".bias"))
                 if g is not None:

@@ -61,7 +61,8 @@ class _Tensor:
     fix: str | None = None     # a families.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
     up: "_Tensor | None" = None  # the second of two tensors llama.cpp split this one into, written after it
-    #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's ffn_gate + ffn_up)
+    #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's
+    #                            ffn_gate + ffn_up, or ffn_gate_shexp + ffn_up_shexp beside experts)
     vector: bool = False       # one-dimensional in the GGUF
 
     @property
@@ -320,7 +321,7 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
     family = archs.family_of(arch)
     names = archs.tensor_names(arch, family, n_layers)
     size = source.stat().st_size
-    tensors, extras, seconds = [], {}, {}
+    tensors, extras, seconds, held = [], {}, {}, {}
     for info in infos.values():
         row_bytes, rows, cols = _layout(info, size, source)
         if info.name in _EXTRAS:
@@ -328,7 +329,9 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
             continue
         if len(info.dims) == 3:  # routed experts (E, rows, cols): gate and up are joined below
             tensors.append(_experts_tensor(info, names, rows, cols, row_bytes, archs.ARCHS[arch], source))
-            if archs.kind(info.name) == "ffn_up_exps":
+            up = archs.kind(info.name) == "ffn_up_exps"
+            _claim(held, tensors[-1], up, source)
+            if up:
                 seconds[tensors[-1].name] = tensors.pop()
             continue
         hf, key, part = names.get(info.name, (None, None, 0))
@@ -342,6 +345,7 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
         norm = family.norm_offset if "norm" in key and not key.endswith("_b") and key not in family.plain_norms else 0.0
         t = _Tensor(info.name, hf, info.qtype, rows, cols, info.offset, row_bytes, shape, fix, norm,
                     vector=len(info.dims) == 1)
+        _claim(held, t, part, source)
         if part:
             seconds[hf] = t
         else:
@@ -349,6 +353,15 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
     firsts = {hf for hf, key, part in names.values() if part} | \
         {t.name for t in tensors if archs.kind(t.gguf_name) == "ffn_gate_exps"}
     return _join(tensors, seconds, firsts, source), extras
+
+
+def _claim(held: dict, t: _Tensor, part: int, source: Path) -> None:
+    """Each HF tensor (or each part of one that llama.cpp split) comes from one GGUF tensor: a file holding two
+    alternatives of it (Granite 4.0-H's ffn_down and ffn_down_shexp) is refused."""
+    first = held.setdefault((t.name, part), t.gguf_name)
+    if first != t.gguf_name:
+        raise MinigenError(f"{source}: tensors {first} and {t.gguf_name} would both become the Hugging Face tensor "
+                           f"{t.name} (a file holds one or the other); cannot convert")
 
 
 def _experts_tensor(info, names: dict, rows: int, cols: int, row_bytes: int, model_type: str,
@@ -388,11 +401,12 @@ def _join(tensors: list, seconds: dict, firsts: set, source: Path) -> list:
 
 
 def _second_of(name: str) -> str:
-    return "ffn_up_exps" if "ffn_gate_exps" in name else "ffn_up"
+    """ffn_gate -> ffn_up, ffn_gate_exps -> ffn_up_exps, ffn_gate_shexp -> ffn_up_shexp."""
+    return archs.kind(name).replace("gate", "up", 1)
 
 
 def _first_of(name: str) -> str:
-    return "ffn_gate_exps" if "ffn_up_exps" in name else "ffn_gate"
+    return archs.kind(name).replace("up", "gate", 1)
 
 
 def _layout(info: _Info, file_size: int, source: Path) -> tuple[int, int, int]:

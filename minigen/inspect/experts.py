@@ -22,7 +22,7 @@ from .hooks import layer_inputs
 def check_moe(cfg, flag: str):
     if cfg.mlp != "moe":
         raise MinigenError(f"{flag}: this {cfg.model_type} model has no routed experts (its MLP is {cfg.mlp!r}; "
-                           f"granitemoe checkpoints have them)")
+                           f"granitemoe and MoE granitemoehybrid checkpoints have them)")
 
 
 def mlp_inputs(model, ids) -> list[np.ndarray]:
