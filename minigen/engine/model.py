@@ -33,7 +33,6 @@ see whole arrays, between the steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -208,37 +207,9 @@ def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[Pool
         k_new[:, 0], v_new[:, 0] = kb, vb
     pool = caches[0].pool
     slots, lengths = np.array([c.slot for c in caches]), np.array([c.offset for c in caches])
-    z = np.empty_like(q)                                                     # (B, H, d)
     with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
-        for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
-            z[run] = pooled_decode_attention(q[run], pool.keys_t, pool.values, slots[run], lengths[run],
-                                             cfg.window(i), cfg.attn_scale, cfg.attn_softcap)
-    return z
-
-
-RUN_COST = 160   # one more pooled product, in slot-positions' time (~50 us against ~0.3 us each, 2 cores)
-
-
-@lru_cache(maxsize=4)   # every attention layer of a step asks the same
-def slot_runs(slots: tuple, lengths: tuple) -> tuple[np.ndarray, ...]:
-    """The sequences (indices into slots) cut into runs of neighbouring slots, each run a pooled
-    product as long as its longest sequence: where the cut minimises the positions computed,
-    sum(slots in run x its longest) + RUN_COST per run (dynamic programming over the slot order)."""
-    order = sorted(range(len(slots)), key=slots.__getitem__)
-    span, longest = [slots[o] for o in order], [lengths[o] for o in order]
-    best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)     # best[j]: the first j in runs
-    for j in range(1, len(order) + 1):
-        top = 0
-        for i in range(j - 1, -1, -1):   # the run i..j-1, its longest growing as it reaches back
-            top = max(top, longest[i])
-            cost = best[i] + (span[j - 1] - span[i] + 1) * top + RUN_COST
-            if best[j] is None or cost < best[j]:
-                best[j], cut[j] = cost, i
-    runs, j = [], len(order)
-    while j:
-        runs.append(np.array(order[cut[j]:j]))
-        j = cut[j]
-    return tuple(runs[::-1])
+        return pooled_decode_attention(q, pool.keys_t, pool.values, slots, lengths, cfg.window(i),
+                                       cfg.attn_scale, cfg.attn_softcap)
 
 
 def recurrent(step):
