@@ -237,3 +237,9 @@ def test_pool_slots_keep_their_rows_through_growth_release_and_reuse():
     c.update_and_fetch(rows[2], rows[2])
     np.testing.assert_array_equal(c.fetch()[0][:, :, 0], [[2], [2]])
     np.testing.assert_array_equal(b.fetch()[1][:, 0, 0], [4, 4])   # the other slot untouched
+    capacity = pool.capacity
+    for i in range(capacity):                               # a decode step's rows, one per member, past the capacity
+        pool.append([b, c], np.full((2, 2, 3), 10 + i, np.float32), -np.full((2, 2, 3), 10 + i, np.float32))
+    assert pool.capacity > capacity and (b.offset, c.offset) == (1 + capacity, 1 + capacity)
+    np.testing.assert_array_equal(b.fetch()[0][0, :, 0], [4] + list(range(10, 10 + capacity)))
+    np.testing.assert_array_equal(c.fetch()[1][1, :, 2], [2] + [-(10 + i) for i in range(capacity)])

@@ -106,6 +106,17 @@ class KVPool:
         self.members[free] = member = PooledKV(self, free)
         return member
 
+    def append(self, members: list["PooledKV"], k: np.ndarray, v: np.ndarray):
+        """One more position for each member: its row of k and v (B, KV, d), written in one go."""
+        need = max(m.offset for m in members) + 1
+        if need > self.capacity:
+            self._grow(len(self.values), max(need, 2 * self.capacity))
+        slots, at = np.array([m.slot for m in members]), np.array([m.offset for m in members])
+        self.keys_t[slots, :, :, at] = k                                     # (B, KV, d) into (P, KV, d, C)
+        self.values[slots, :, at] = v                                        # (B, KV, d) into (P, KV, C, d)
+        for m in members:
+            m.offset += 1
+
     def release(self, member: "PooledKV") -> KVCache:
         """The member's keys and values as a KVCache of its own (room for one more position); its slot is free."""
         own = KVCache(self.keys_t.shape[1], self.keys_t.shape[2], member.offset + 1)

@@ -202,10 +202,8 @@ def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[Pool
                   i: int) -> np.ndarray:
     """A decode step of B sequences of one pool: each one's new q (B, H, d), k and v (B, KV, d) join its
     slot, and every q attends over its own keys in one product. Each head's output z (B, H, d)."""
-    for c, kb, vb in zip(caches, k, v):
-        k_new, v_new = c.extend(1)                                           # (KV, 1, d) each
-        k_new[:, 0], v_new[:, 0] = kb, vb
     pool = caches[0].pool
+    pool.append(caches, k, v)
     slots, lengths = np.array([c.slot for c in caches]), np.array([c.offset for c in caches])
     with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
         return pooled_decode_attention(q, pool.keys_t, pool.values, slots, lengths, cfg.window(i),
