@@ -243,3 +243,13 @@ def test_pool_slots_keep_their_rows_through_growth_release_and_reuse():
     assert pool.capacity > capacity and (b.offset, c.offset) == (1 + capacity, 1 + capacity)
     np.testing.assert_array_equal(b.fetch()[0][0, :, 0], [4] + list(range(10, 10 + capacity)))
     np.testing.assert_array_equal(c.fetch()[1][1, :, 2], [2] + [-(10 + i) for i in range(capacity)])
+
+
+def test_slot_runs_keep_like_lengths_together_and_a_long_one_apart():
+    from minigen.engine.attention import slot_runs
+    runs = lambda slots, lengths: [sorted(np.asarray(slots)[r].tolist()) for r in slot_runs(tuple(slots), tuple(lengths))]
+    assert runs([0, 1, 2, 3], [200, 201, 205, 199]) == [[0, 1, 2, 3]]               # one product
+    assert runs([3, 0, 1, 2, 4], [210, 200, 4000, 205, 190]) == [[0], [1], [2, 3, 4]]   # the long one alone
+    assert runs([0, 5], [100, 100]) == [[0], [5]]                                   # no product over 4 free slots
+    every = slot_runs(tuple(range(9, -1, -1)), tuple(range(10, 110, 10)))
+    assert sorted(np.concatenate(every).tolist()) == list(range(10))                # each sequence once

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import parallel
-from .attention import causal_attention, pooled_decode_attention
+from .attention import causal_attention, pooled_decode_attention, slot_runs
 from .cache import KVCache, PooledKV, make_cache
 from .config import Config
 from .gated_delta import gated_deltanet, sigmoid
@@ -201,13 +201,17 @@ def pooled_decoding(seqs: list[Seq], i: int) -> list[Seq]:
 def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[PooledKV], cfg: Config,
                   i: int) -> np.ndarray:
     """A decode step of B sequences of one pool: each one's new q (B, H, d), k and v (B, KV, d) join its
-    slot, and every q attends over its own keys in one product. Each head's output z (B, H, d)."""
+    slot, and every q attends over its own keys, in one product per run of neighbouring slots of like
+    lengths (attention.slot_runs). Each head's output z (B, H, d)."""
     pool = caches[0].pool
     pool.append(caches, k, v)
     slots, lengths = np.array([c.slot for c in caches]), np.array([c.offset for c in caches])
+    z = np.empty_like(q)                                                     # (B, H, d)
     with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
-        return pooled_decode_attention(q, pool.keys_t, pool.values, slots, lengths, cfg.window(i),
-                                       cfg.attn_scale, cfg.attn_softcap)
+        for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
+            z[run] = pooled_decode_attention(q[run], pool.keys_t, pool.values, slots[run], lengths[run],
+                                             cfg.window(i), cfg.attn_scale, cfg.attn_softcap)
+    return z
 
 
 def recurrent(step):
