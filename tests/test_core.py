@@ -243,6 +243,9 @@ def test_pool_slots_keep_their_rows_through_growth_release_and_reuse():
     assert pool.capacity > capacity and (b.offset, c.offset) == (1 + capacity, 1 + capacity)
     np.testing.assert_array_equal(b.fetch()[0][0, :, 0], [4] + list(range(10, 10 + capacity)))
     np.testing.assert_array_equal(c.fetch()[1][1, :, 2], [2] + [-(10 + i) for i in range(capacity)])
+    kept = [pool.release(b), pool.release(c)]               # the last ones out: the pool back to its first size
+    assert pool.members == {} and pool.capacity == 2 and len(pool.values) == 1   # as made above
+    np.testing.assert_array_equal(kept[1].fetch()[1][1, :, 2], [2] + [-(10 + i) for i in range(capacity)])
 
 
 def test_slot_runs_keep_like_lengths_together_and_a_long_one_apart():

@@ -92,6 +92,7 @@ class KVPool:
         self.keys_t = np.zeros((slots, n_kv, head_dim, capacity), np.float32)   # (P, KV, d, C)
         self.values = np.zeros((slots, n_kv, capacity, head_dim), np.float32)   # (P, KV, C, d)
         self.members: dict[int, PooledKV] = {}                                  # slot -> its cache
+        self.first = (slots, capacity)
 
     @property
     def capacity(self) -> int:
@@ -122,6 +123,8 @@ class KVPool:
         own = KVCache(self.keys_t.shape[1], self.keys_t.shape[2], member.offset + 1)
         own.update_and_fetch(*member.fetch())
         del self.members[member.slot]
+        if not self.members:   # the batch is empty: its memory goes back (a server idles at its first size)
+            self._grow(*self.first)
         return own
 
     def _grow(self, slots: int, capacity: int):
