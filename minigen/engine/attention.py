@@ -132,22 +132,12 @@ def _attend_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     same), with log2 e folded into the scale; and the rows are normalised after the product with V,
     on d columns instead of S'. Returns out (H, B, d) and the weights (H, B, S') when asked."""
     KV, G, B, d = q.shape
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    if softcap is None:
-        scores = (q * np.float32(scale * LOG_BASE)).reshape(KV, G * B, d) @ np.swapaxes(k, -1, -2)   # (KV, G B, S')
-    else:  # Gemma 2: cap * tanh(s / cap) on the scaled scores, then into base 2
-        scores = (q * np.float32(scale / softcap)).reshape(KV, G * B, d) @ np.swapaxes(k, -1, -2)
-        np.tanh(scores, out=scores)
-        scores *= np.float32(softcap * LOG_BASE)
+    scores = (q * query_factor(d, scale, softcap)).reshape(KV, G * B, d) @ np.swapaxes(k, -1, -2)   # (KV, G B, S')
+    capped(scores, softcap)
     if mask is not None:
         rows = scores.reshape(KV, G, B, -1)                                   # the mask broadcast over heads
         np.copyto(rows[..., rows.shape[-1] - mask.shape[-1]:], NEG, where=~mask)
-    scores -= scores.max(axis=-1, keepdims=True)
-    EXP(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)                                # (KV, G B, 1)
-    out = scores @ v                                                          # (KV, G B, d)
-    np.reciprocal(total, out=total)
-    out *= total
+    out, total = softmax_times(scores, v)                                     # (KV, G B, d), (KV, G B, 1)
     if want_weights:
         scores *= total
         return out.reshape(KV * G, B, -1), scores.reshape(KV * G, B, -1)
@@ -165,26 +155,45 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d)."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
     lo, hi, S = int(slots.min()), int(slots.max()) + 1, int(lengths.max())
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     qs = np.zeros((hi - lo, KV, H // KV, d), np.float32)                     # (P', KV, G, d)
-    qs[slots - lo] = q.reshape(B, KV, H // KV, d) * np.float32(scale * LOG_BASE if softcap is None else scale / softcap)
+    qs[slots - lo] = q.reshape(B, KV, H // KV, d) * query_factor(d, scale, softcap)
     scores = qs @ keys_t[lo:hi, :, :, :S]                                     # (P', KV, G, S)
-    if softcap is not None:   # Gemma 2: cap * tanh(s / cap), then into base 2
-        np.tanh(scores, out=scores)
-        scores *= np.float32(softcap * LOG_BASE)
+    capped(scores, softcap)
     pos = np.arange(S)
     visible = np.zeros((hi - lo, S), bool)                                   # (P', S)
     visible[slots - lo] = pos < lengths[:, None]
     if window is not None:
         visible[slots - lo] &= lengths[:, None] - 1 - pos < window
     np.copyto(scores, NEG, where=~visible[:, None, None])
+    out, _ = softmax_times(scores, values[lo:hi, :, :S])                      # (P', KV, G, d)
+    return out[slots - lo].reshape(B, H, -1)                                  # (B, H, d)
+
+
+def query_factor(d: int, scale: float | None, softcap: float | None) -> np.float32:
+    """What the queries are multiplied by before q · Kᵀ: the scale (1/sqrt(d) by default) in the
+    softmax's base (LOG_BASE), or, with Gemma 2's soft-cap, scale / cap (`capped` does the rest)."""
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    return np.float32(scale * LOG_BASE if softcap is None else scale / softcap)
+
+
+def capped(scores: np.ndarray, softcap: float | None) -> None:
+    """Gemma 2's cap * tanh(s / cap) on scores already divided by the cap, then into the softmax's base (in place)."""
+    if softcap is not None:
+        np.tanh(scores, out=scores)
+        scores *= np.float32(softcap * LOG_BASE)
+
+
+def softmax_times(scores: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(scores) @ v with the rows normalised after the product (on d columns, not S'), the
+    scores turned into their unnormalised exponentials in place. Returns the output and 1 / each
+    row's sum (..., 1), which turns those scores into the weights."""
     scores -= scores.max(axis=-1, keepdims=True)
     EXP(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)                                # (P', KV, G, 1)
-    out = scores @ values[lo:hi, :, :S]                                       # (P', KV, G, d)
+    total = scores.sum(axis=-1, keepdims=True)                                # (..., 1)
+    out = scores @ v                                                          # (..., d)
     np.reciprocal(total, out=total)
     out *= total
-    return out[slots - lo].reshape(B, H, -1)                                  # (B, H, d)
+    return out, total
 
 
 RUN_COST = 160   # one more pooled product, in slot-positions (~50 us against ~0.3 us a slot-position, AMD EPYC)

@@ -107,8 +107,9 @@ class KVPool:
         self.members[free] = member = PooledKV(self, free)
         return member
 
-    def append(self, members: list["PooledKV"], k: np.ndarray, v: np.ndarray):
-        """One more position for each member: its row of k and v (B, KV, d), written in one go."""
+    def append(self, members: list["PooledKV"], k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One more position for each member: its row of k and v (B, KV, d), written in one go. Returns
+        the members' slots and their lengths now, each (B,)."""
         need = max(m.offset for m in members) + 1
         if need > self.capacity:
             self._grow(len(self.values), max(need, 2 * self.capacity))
@@ -117,6 +118,7 @@ class KVPool:
         self.values[slots, :, at] = v                                        # (B, KV, d) into (P, KV, C, d)
         for m in members:
             m.offset += 1
+        return slots, at + 1
 
     def release(self, member: "PooledKV") -> KVCache:
         """The member's keys and values as a KVCache of its own (room for one more position); its slot is free."""

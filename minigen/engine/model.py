@@ -167,7 +167,7 @@ def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope
         rows = [s.rows.start for s in pooled]
         z[rows] = attend_pooled(q[rows], k[rows], v[rows], [s.cache[i] for s in pooled], cfg, i)
     for s in seqs:
-        if not any(s is t for t in pooled):
+        if s not in pooled:
             z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
     if hooks:
         z = hooks.z(i, z)
@@ -194,8 +194,10 @@ def pooled_decoding(seqs: list[Seq], i: int) -> list[Seq]:
     """The sequences whose layer-i attention can be one pooled product: a decode step (one new row)
     through a cache of the first such sequence's pool (a Batch's, cache.KVPool), if there are two or more."""
     first = next((s.cache[i].pool for s in seqs if isinstance(s.cache[i], PooledKV)), None)
+    if first is None:   # a forward of its own (generate, chat, scores): nothing to pool
+        return []
     group = [s for s in seqs if s.rows.stop - s.rows.start == 1 and getattr(s.cache[i], "pool", None) is first]
-    return group if first is not None and len(group) > 1 else []
+    return group if len(group) > 1 else []
 
 
 def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[PooledKV], cfg: Config,
@@ -204,8 +206,7 @@ def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[Pool
     slot, and every q attends over its own keys, in one product per run of neighbouring slots of like
     lengths (attention.slot_runs). Each head's output z (B, H, d)."""
     pool = caches[0].pool
-    pool.append(caches, k, v)
-    slots, lengths = np.array([c.slot for c in caches]), np.array([c.offset for c in caches])
+    slots, lengths = pool.append(caches, k, v)                               # (B,) x2
     z = np.empty_like(q)                                                     # (B, H, d)
     with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
         for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
