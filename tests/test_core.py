@@ -1,4 +1,6 @@
 """Invariants of the engine's parts: RoPE layout, masks, the cache, numerical stability, loading."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -6,7 +8,7 @@ import minigen
 from minigen.engine.attention import NEG, attend, causal_mask, softmax
 from minigen.engine.cache import KVCache
 from minigen.engine.config import Rope
-from minigen.engine.layers import apply_rope, rope_frequencies, rope_tables
+from minigen.engine.layers import apply_rope, rope_frequencies, rope_tables, silu
 from minigen.checkpoint.weights import read_tensor, index_checkpoint
 
 import tiny_checkpoint
@@ -65,6 +67,18 @@ def test_extreme_scores_give_finite_probabilities():
     p = softmax(np.array([1e4, -1e4, 0.0], np.float32))
     assert np.isfinite(p).all() and p[0] == 1.0
     assert np.isfinite(softmax(np.array([NEG, NEG], np.float32))).all()
+
+
+def test_silu_equals_float64_formula_over_the_whole_range_without_warnings():
+    x = np.concatenate([np.linspace(-120, 120, 4001), [-1e30, -88.8, -87.0, 0.0, 88.8, 1e30]]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float64) / (1.0 + np.exp(-x.astype(np.float64)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # e^-x overflowing past x = -88 must not warn
+        got = silu(x)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+    assert silu(np.float32([-1e30]))[0] == 0.0 and silu(np.float32([1e30]))[0] == np.float32(1e30)
 
 
 def test_cache_grows_geometrically_and_keeps_rows():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minigen.engine import gated_delta, ssm
+from minigen.engine import gated_delta, short_conv as short_conv_module, ssm
 from minigen.engine.short_conv import causal_conv, short_conv
 
 FIX = Path(__file__).parent / "fixtures" / "mixers"
@@ -30,6 +30,29 @@ def test_causal_conv_whole_and_stepwise():
         y, tail = causal_conv(f["x"][t:t + 1], tail, f["w"], f["b"])
         steps.append(y)
     np.testing.assert_allclose(np.concatenate(steps), f["steps"], atol=1e-6)
+
+
+def test_causal_conv_in_blocks_of_rows_equals_transformers(monkeypatch):
+    """Blocks of 8 rows (the fewest CONV_BLOCK gives) over the fixture's prompt: every block reads the
+    K - 1 inputs before it."""
+    f = load("conv")
+    monkeypatch.setattr(short_conv_module, "CONV_BLOCK", 1)
+    K = f["w"].shape[1]
+    assert len(f["x"]) > 8   # two blocks at least
+    y, _ = causal_conv(f["x"], np.zeros((K - 1, f["x"].shape[1]), np.float32), f["w"], f["b"])
+    np.testing.assert_allclose(y, f["full"], atol=1e-6)
+
+
+@pytest.mark.parametrize("C", [1, 8, 48, 64, 128])
+def test_unit_lower_inverse_equals_float64_inverse(C):
+    """Blocks substituted, then merged in pairs (C = 64, 128), or one block substituted (48: not 8 times
+    a power of two), over stacked heads and chunks."""
+    rng = np.random.default_rng(C)
+    a = np.tril(rng.uniform(-1, 1, (3, 2, C, C)), -1).astype(np.float32) * np.float32(0.3)
+    want = np.linalg.inv(np.eye(C) + a.astype(np.float64))
+    got = gated_delta.unit_lower_inverse(a)
+    assert got.shape == a.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=3e-6 * max(1.0, np.abs(want).max()))
 
 
 def normed(f: dict):

@@ -85,8 +85,10 @@ def chunked_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, be
     cum = g.reshape(H, n, chunk).cumsum(-1)                                  # (H, N, C): log of α_1 … α_t
     k_beta = k * beta.reshape(H, n, chunk, 1)
     v_beta = v * beta.reshape(H, n, chunk, 1)
-    below = np.tril(np.ones((chunk, chunk), bool))                           # j <= i
-    decay = np.where(below, np.exp(np.where(below, cum[..., :, None] - cum[..., None, :], 0)), 0)  # (H, N, C, C)
+    decay = cum[..., :, None] - cum[..., None, :]                            # (H, N, C, C): log α_j+1 … α_i
+    np.minimum(decay, 0, out=decay)      # above the diagonal (j > i) the difference is >= 0: kept from overflowing
+    np.exp(decay, out=decay)
+    decay *= np.tril(np.ones((chunk, chunk), np.float32))                    # and zeroed there: j <= i
     # the UT transform: the chunk's C delta-rule writes as one unit-lower-triangular system (I + A)
     inverse = unit_lower_inverse(np.tril(k_beta @ k.swapaxes(-1, -2) * decay, -1))   # (H, N, C, C)
     u = inverse @ v_beta                                                     # (H, N, C, dv)
@@ -104,15 +106,45 @@ def chunked_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, be
     return out.reshape(H, n * chunk, -1)[:, :T], state
 
 
-def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
-    """(I + A)⁻¹ for A (..., C, C) strictly lower triangular, by forward substitution a row at a time, as
-    transformers' torch_chunk_gated_delta_rule does: row i of M = (I + A)⁻¹ - I is -A_i - A_i M, which
-    needs only the rows above it. C - 1 small steps over all heads and chunks at once: ~4x faster than
-    np.linalg.solve with the chunk's dv + dk right-hand sides."""
-    m = -a
-    for i in range(1, a.shape[-1]):
-        m[..., i, :i] += np.einsum("...j,...jk->...k", m[..., i, :i], m[..., :i, :i])
-    return m + np.eye(a.shape[-1], dtype=np.float32)
+def unit_lower_inverse(a: np.ndarray, base: int = 8) -> np.ndarray:
+    """(I + A)⁻¹ for A (..., C, C) strictly lower triangular. The diagonal blocks of `base` rows by
+    forward substitution a row at a time, as transformers' torch_chunk_gated_delta_rule does for the
+    whole matrix (row i of M = (I + A)⁻¹ - I is -A_i - A_i M, which needs only the rows above it),
+    every block of every head and chunk at once; then neighbouring blocks merged in pairs, doubling
+    their size, by the inverse of a block-lower-triangular matrix:
+
+        [[I + A11, 0], [A21, I + A22]]⁻¹ = [[N11, 0], [-N22 A21 N11, N22]]
+
+    log2(C / base) merges of two products each instead of C - 1 row steps: 2x faster at C = 64 than
+    substitution alone, which was ~4x faster than np.linalg.solve; both within ~1e-7 of an inverse in
+    float64. A C that is not base times a power of two is substituted whole."""
+    C = a.shape[-1]
+    m = np.negative(a).reshape(-1, C, C)                                     # (B, C, C): N - I, block by block
+    if C % base or (C // base) & (C // base - 1):
+        base = C
+    d = diagonal_blocks(m, base, 0, 0, 1)                                    # (B, C / base, base, base)
+    for i in range(1, base):
+        d[..., i, :i] += np.einsum("...j,...jk->...k", d[..., i, :i], d[..., :i, :i])
+    size = base
+    while size < C:   # pairs of blocks of `size`: the lower-left one, still -A21, becomes N21
+        m11, m22, m21 = (diagonal_blocks(m, size, row, col, 2) for row, col in ((0, 0), (size, size), (size, 0)))
+        a21_n11 = m21 @ m11
+        a21_n11 += m21
+        a21_n11 *= -1                                                        # A21 N11 = A21 (I + M11)
+        m21[...] = m22 @ a21_n11
+        m21 += a21_n11
+        m21 *= -1                                                            # -N22 A21 N11
+        size *= 2
+    return m.reshape(a.shape) + np.eye(C, dtype=np.float32)
+
+
+def diagonal_blocks(m: np.ndarray, size: int, row: int, col: int, every: int) -> np.ndarray:
+    """A writable view (B, n, size, size) of m (B, C, C)'s blocks of `size` along the diagonal, one
+    every `every` blocks, offset by (row, col): m[b, row + p every size + i, col + p every size + j]."""
+    B, C, _ = m.shape
+    s0, s1, s2 = m.strides
+    return np.lib.stride_tricks.as_strided(m[:, row:, col:], (B, C // (size * every), size, size),
+                                           (s0, every * size * (s1 + s2), s1, s2), writeable=True)
 
 
 def gated_rms_norm(x: np.ndarray, z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

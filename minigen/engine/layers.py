@@ -38,13 +38,14 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 # --- activations ----------------------------------------------------------------------------------
 
 def silu(x: np.ndarray) -> np.ndarray:
-    # sigmoid(x) = (1 + tanh(x/2)) / 2: no overflow for large |x|, unlike 1 / (1 + exp(-x))
-    y = np.multiply(x, np.float32(0.5))
-    np.tanh(y, out=y)
-    y *= np.float32(0.5)
-    y += np.float32(0.5)
-    y *= x
-    return y
+    """x · sigmoid(x) = x / (1 + e⁻ˣ). Where e⁻ˣ overflows (x < -88) it is inf and the quotient -0, the
+    limit. Written with exp, not as x (1 + tanh(x/2)) / 2: NumPy's float32 exp is the cheaper of the two
+    (AMD EPYC, AVX2: a 480 x 1536 gate in 3.6 ms against 5.3 ms)."""
+    y = np.negative(x)
+    with np.errstate(over="ignore"):
+        np.exp(y, out=y)
+    y += np.float32(1)
+    return np.divide(x, y, out=y)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

@@ -27,24 +27,34 @@ import numpy as np
 from . import parallel
 
 
+CONV_BLOCK = 1 << 18   # elements per block of rows: each tap's product stays in cache (6144 channels: 42 rows)
+
+
 def causal_conv(x: np.ndarray, tail: np.ndarray, w: np.ndarray, b: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """x (T, C) the new inputs, tail (K-1, C) the inputs before them (zeros before the first), w (C, K)
     torch's depthwise weight with its singleton axis dropped, b (C,) or None. Returns y (T, C) and the
     new tail (K-1, C), the last K-1 inputs. A long prompt's rows go in chunks to both cores, each chunk
-    reading the K-1 inputs before it."""
+    reading the K-1 inputs before it, and within a chunk in blocks of CONV_BLOCK elements, so that the
+    K passes over a block run in cache, not in memory (Qwen3.5's 6144 channels at 512 tokens: 5 ms
+    against 11)."""
     T, K = len(x), w.shape[1]
     y = np.empty(x.shape, np.float32)                                        # (T, C)
+    taps = np.ascontiguousarray(w.T)                                         # (K, C)
+    step = max(8, CONV_BLOCK // x.shape[1])                                  # rows per block
 
     def rows(r: slice):
         before = np.concatenate([tail, x[max(0, r.start - (K - 1)):r.start]])   # the inputs before row r.start
         xs = np.concatenate([before[len(before) - (K - 1):], x[r]])         # (K-1+t, C): xs[i] = x[r.start+i-(K-1)]
-        out, t = y[r], r.stop - r.start
-        np.multiply(xs[:t], w[:, 0], out=out)
-        for j in range(1, K):   # K is 3 or 4: a few whole-array multiply-adds, no Python loop over tokens
-            out += xs[j:j + t] * w[:, j]
-        if b is not None:
-            out += b
+        product = np.empty((min(step, r.stop - r.start), x.shape[1]), np.float32)
+        for i in range(0, r.stop - r.start, step):
+            out = y[r.start + i:min(r.stop, r.start + i + step)]              # (t, C)
+            t = len(out)
+            np.multiply(xs[i:i + t], taps[0], out=out)
+            for j in range(1, K):   # K is 3 or 4: a few multiply-adds over the block, no loop over tokens
+                out += np.multiply(xs[i + j:i + j + t], taps[j], out=product[:t])
+            if b is not None:
+                out += b
 
     parallel.in_threads([partial(rows, r) for r in parallel.row_chunks(T)], parallel.threads_for(T))
     last = np.concatenate([tail, x[max(0, T - (K - 1)):]])
