@@ -1,22 +1,27 @@
 """How HF tensors become our arrays: safetensors (single or sharded), float32/float16/bfloat16,
 the family's name table and tensor fixes (families.py), shape checks, tied embeddings, fused projections.
 
-Layout convention: every projection is kept as HF's Linear stores it, `(out, in)`, and applied as
-`x @ w.T` (BLAS takes the transpose without a copy). GPT-2's Conv1D weights are stored `(in, out)`
-and are transposed once here. q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into
-one `(2 * inter, in)` matrix, read straight into their slice of the fused buffer (a checkpoint that
-stores them fused, like Phi-3's, is read as it is). Single float32 tensors are memory-mapped, not
-read; fused ones are read into memory once, so they cost their size but no second copy.
+Layout convention: every projection has HF's Linear shape, `(out, in)`, and is applied as `x @ w.T`.
+Its memory is column-major (`w.T` is C-contiguous, `(in, out)`), so that BLAS multiplies x by
+w.T without a transpose (COLUMN_MAJOR): on OpenBLAS 0.3.31 (AMD EPYC, AVX2) a forward of 8 rows
+after 150 tokens took 86 ms against 109 with HF's row-major memory, one row 50 against 54, a
+512-token prompt 1.29 s against 1.60. GPT-2's Conv1D weights, stored `(in, out)`, are transposed
+to `(out, in)` by their fix (families.FIXES, which the GGUF converter shares), then laid out. q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into one `(2 * inter, in)`
+matrix, read into their rows of one buffer (a checkpoint that stores them fused, like Phi-3's, is
+read as it is). The matrices are read, not memory-mapped, and laid out once at load (~0.4 s for
+SmolLM2-135M's 538 MB); the other float32 tensors (norms, an untied embedding) are memory-mapped.
 """
 from __future__ import annotations
 
 import mmap
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from ..engine import parallel
 from ..engine.config import Config
 from .families import FIXES, WRAPPERS
 from ..errors import MinigenError, short
@@ -434,10 +439,12 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
 def load_params(path: Path, cfg: Config, family) -> dict:
     """All weights as float32 arrays: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}."""
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
-    params = {k: _read(s, cfg, family, k) for k, s in glob.items()}
-    if "lm_head" not in params:  # tied: the embedding doubles as the output projection
+    tied = "lm_head" not in glob   # the embedding doubles as the output projection: one column-major array
+    params = {k: _read(s, cfg, family, k, matrix=k in COLUMN_MAJOR or (tied and k == "embed")) for k, s in glob.items()}
+    if tied:
         params["lm_head"] = params["embed"]
-    params["layers"] = [scaled({k: _read(s, cfg, family, k) for k, s in srcs.items()}, cfg) for srcs in layers]
+    params["layers"] = [scaled({k: _read(s, cfg, family, k, k in COLUMN_MAJOR) for k, s in srcs.items()}, cfg)
+                        for srcs in layers]
     return params
 
 
@@ -451,17 +458,21 @@ def scaled(layer: dict, cfg: Config) -> dict:
     for key, start, stop, factor, bias in cfg.weight_scales:
         for name in (key, BIASES[key]) if bias else (key,):
             if name in layer:
-                w = layer[name].copy()
+                w = layer[name].copy(order="K")   # a column-major matrix stays one
                 w[start:stop] *= np.float32(factor)
                 layer[name] = w
     return layer
 
 
-def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
-    """One canonical tensor as float32: a single float32 part is memory-mapped; parts are read straight
-    into their rows of one buffer; then the family's fix, and the norm offset."""
+def _read(src: Source, cfg: Config, family, key: str, matrix: bool) -> np.ndarray:
+    """One canonical tensor as float32: a single float32 part is memory-mapped unless it is a `matrix`
+    (kept column-major: read, then laid out); parts are read straight into their rows of one buffer;
+    then the family's fix, the norm offset, and a matrix's layout."""
+    if matrix and not src.fix:
+        return _read_column_major(src)
     if len(src.refs) == 1:
-        w = read_tensor(src.refs[0])
+        ref = src.refs[0]
+        w = read_tensor(ref, np.empty(ref.shape, np.float32) if matrix else None)
     else:
         w = np.empty(src.shape, np.float32)
         start = 0
@@ -472,4 +483,47 @@ def _read(src: Source, cfg: Config, family, key: str) -> np.ndarray:
         w = FIXES[src.fix](w, cfg)
     if family.norm_offset and "norm" in key and not key.endswith("_b") and key not in family.plain_norms:
         w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
-    return w
+    return column_major(w) if matrix else w
+
+
+# What a forward pass applies as x @ w.T (with the lm_head, and a tied embedding): kept column-major.
+COLUMN_MAJOR = {"lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out", "router",
+                "experts_gate_up", "experts_down"}
+LAYOUT_BLOCK = 1 << 19   # elements per block of rows copied: the block's source and target stay in cache
+
+
+def _read_column_major(src: Source) -> np.ndarray:
+    """A matrix's parts read a block of rows at a time, each block into a small buffer and laid out
+    into its rows of the column-major result while it is still in cache: no whole row-major copy.
+    The blocks go in as many runs as there are threads (parallel.in_threads), one buffer each."""
+    out = np.empty(src.shape[:-2] + src.shape[:-3:-1], np.float32).swapaxes(-1, -2)   # (..., out, in)
+    row_size = int(np.prod(src.shape[1:], dtype=np.int64))
+    step = max(1, LAYOUT_BLOCK // row_size)
+    blocks, row = [], 0   # (the part, its first row, the result's first row, rows)
+    for ref in src.refs:
+        blocks += [(ref, start, row + start, min(step, ref.shape[0] - start)) for start in range(0, ref.shape[0], step)]
+        row += ref.shape[0]
+
+    def run(todo: list):
+        buffer = np.empty(step * row_size, np.float32)
+        for ref, start, at, n in todo:
+            row_bytes = ref.nbytes // ref.shape[0]
+            piece = replace(ref, shape=(n,) + ref.shape[1:], start=ref.start + start * row_bytes, nbytes=n * row_bytes)
+            out[at:at + n] = read_tensor(piece, buffer[:n * row_size].reshape(piece.shape))
+
+    threads = min(parallel.n_threads(), len(blocks))
+    parallel.in_threads([partial(run, blocks[i::threads]) for i in range(threads)], threads)
+    return out
+
+
+def column_major(w: np.ndarray) -> np.ndarray:
+    """w (..., out, in) with the same values and its last two axes in column-major memory, so that
+    w.T, or w[e].T for a stack of experts, is C-contiguous. Copied a block of rows at a time; w itself
+    when it is laid out so already."""
+    if w.swapaxes(-1, -2).flags.c_contiguous:
+        return w
+    out = np.empty(w.shape[:-2] + w.shape[:-3:-1], np.float32).swapaxes(-1, -2)   # (..., out, in)
+    rows = max(1, LAYOUT_BLOCK // (w.shape[-1] * int(np.prod(w.shape[:-2], dtype=np.int64))))
+    for r in range(0, w.shape[-2], rows):
+        out[..., r:r + rows, :] = w[..., r:r + rows, :]
+    return out
