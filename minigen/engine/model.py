@@ -33,6 +33,7 @@ see whole arrays, between the steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -166,9 +167,18 @@ def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope
     if pooled:
         rows = [s.rows.start for s in pooled]
         z[rows] = attend_pooled(q[rows], k[rows], v[rows], [s.cache[i] for s in pooled], cfg, i)
-    for s in seqs:
-        if s not in pooled:
-            z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
+    in_pool = {id(s) for s in pooled}
+    alone = [s for s in seqs if id(s) not in in_pool]
+
+    def attend_alone(s: Seq):
+        z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
+
+    # a batch's joining prompts attend on parallel threads, the longest first, each over its own cache;
+    # with `record`, one after another, so that the weights are appended in the sequences' order
+    threads = parallel.threads_for(len(h)) if record is None and len(alone) > 1 else 1
+    if threads > 1:
+        alone.sort(key=lambda s: s.rows.start - s.rows.stop)
+    parallel.in_threads([partial(attend_alone, s) for s in alone], threads)
     if hooks:
         z = hooks.z(i, z)
     z = z.reshape(len(z), -1)                                                # (N, H d)
