@@ -7,8 +7,8 @@ Shape letters:
     H  query heads      KV  key/value heads      G  H // KV (query heads per KV head)
     d  head_dim         F  MLP intermediate size
 
-Weights are HF's Linear layout (out, in), applied as x @ w.T; q/k/v and gate/up are fused at load
-(checkpoint/weights.py). One function serves every family: the differences are fields of `Config`
+Weights have HF's Linear shape (out, in), in column-major memory, and are applied as x @ w.T (a plain
+GEMM); q/k/v and gate/up are fused at load (checkpoint/weights.py). One function serves every family: the differences are fields of `Config`
 (config.py), which each family sets in checkpoint/families.py. A layer is
 
     h = attn_norm(x)                 [none: OLMo 2]
