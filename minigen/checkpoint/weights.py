@@ -6,10 +6,11 @@ Its memory is column-major (`w.T` is C-contiguous, `(in, out)`), so that BLAS mu
 w.T without a transpose (COLUMN_MAJOR): on OpenBLAS 0.3.31 (AMD EPYC, AVX2) a forward of 8 rows
 after 150 tokens took 86 ms against 109 with HF's row-major memory, one row 50 against 54, a
 512-token prompt 1.29 s against 1.60. GPT-2's Conv1D weights, stored `(in, out)`, are transposed
-to `(out, in)` by their fix (families.FIXES, which the GGUF converter shares), then laid out. q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into one `(2 * inter, in)`
-matrix, read into their rows of one buffer (a checkpoint that stores them fused, like Phi-3's, is
-read as it is). The matrices are read, not memory-mapped, and laid out once at load (~0.4 s for
-SmolLM2-135M's 538 MB); the other float32 tensors (norms, an untied embedding) are memory-mapped.
+to `(out, in)` by their fix (families.FIXES, which the GGUF converter shares), then laid out.
+q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into one `(2 * inter, in)` matrix,
+read into their rows of one buffer (a checkpoint that stores them fused, like Phi-3's, is read as
+it is). The matrices are read, not memory-mapped, and laid out once at load (SmolLM2-135M's 538 MB
+load in ~0.5 s); the other float32 tensors (norms, an untied embedding) are memory-mapped.
 """
 from __future__ import annotations
 
@@ -440,7 +441,7 @@ def load_params(path: Path, cfg: Config, family) -> dict:
     """All weights as float32 arrays: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}."""
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
     tied = "lm_head" not in glob   # the embedding doubles as the output projection: one column-major array
-    params = {k: _read(s, cfg, family, k, matrix=k in COLUMN_MAJOR or (tied and k == "embed")) for k, s in glob.items()}
+    params = {k: _read(s, cfg, family, k, k in COLUMN_MAJOR or (tied and k == "embed")) for k, s in glob.items()}
     if tied:
         params["lm_head"] = params["embed"]
     params["layers"] = [scaled({k: _read(s, cfg, family, k, k in COLUMN_MAJOR) for k, s in srcs.items()}, cfg)
@@ -496,7 +497,7 @@ def _read_column_major(src: Source) -> np.ndarray:
     """A matrix's parts read a block of rows at a time, each block into a small buffer and laid out
     into its rows of the column-major result while it is still in cache: no whole row-major copy.
     The blocks go in as many runs as there are threads (parallel.in_threads), one buffer each."""
-    out = np.empty(src.shape[:-2] + src.shape[:-3:-1], np.float32).swapaxes(-1, -2)   # (..., out, in)
+    out = empty_column_major(src.shape)                                      # (..., out, in)
     row_size = int(np.prod(src.shape[1:], dtype=np.int64))
     step = max(1, LAYOUT_BLOCK // row_size)
     blocks, row = [], 0   # (the part, its first row, the result's first row, rows)
@@ -522,8 +523,13 @@ def column_major(w: np.ndarray) -> np.ndarray:
     when it is laid out so already."""
     if w.swapaxes(-1, -2).flags.c_contiguous:
         return w
-    out = np.empty(w.shape[:-2] + w.shape[:-3:-1], np.float32).swapaxes(-1, -2)   # (..., out, in)
+    out = empty_column_major(w.shape)                                        # (..., out, in)
     rows = max(1, LAYOUT_BLOCK // (w.shape[-1] * int(np.prod(w.shape[:-2], dtype=np.int64))))
     for r in range(0, w.shape[-2], rows):
         out[..., r:r + rows, :] = w[..., r:r + rows, :]
     return out
+
+
+def empty_column_major(shape: tuple) -> np.ndarray:
+    """An uninitialised float32 array of `shape` (..., out, in) whose last two axes are column-major."""
+    return np.empty(tuple(shape[:-2]) + (shape[-1], shape[-2]), np.float32).swapaxes(-1, -2)
