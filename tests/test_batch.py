@@ -130,27 +130,34 @@ def test_cli_batch_writes_jsonl_in_input_order(tmp_path):
     model, tok, _ = fixture("llama_gqa3")
     f = tmp_path / "prompts.txt"
     f.write_text('Hello there\n\n{"prompt": "The quick brown", "max_tokens": 3, "temp": 0.7, "seed": 1}\n'
-                 '{"prompt": [5, 6, 7], "max_tokens": 9}\nOne more line\n')
+                 '{"prompt": [5, 6, 7], "max_tokens": 9}\nOne more line\n'
+                 '{"prompt": "A", "temperature": 0.9, "repetition_penalty": 1.3, "seed": 4}\n')
     r = cli("generate", "--model", FIXTURES / "llama_gqa3", "--batch", f, "-m", "6", "-q", "--ignore-eos")
     assert r.exit_code == 0, r.output
     lines = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [x["index"] for x in lines] == [0, 1, 2, 3]
+    assert [x["index"] for x in lines] == [0, 1, 2, 3, 4]
     want = [Run.from_prompt(model, tok, "Hello there", max_tokens=6, ignore_eos=True),
             Run.from_prompt(model, tok, "The quick brown", max_tokens=3, temp=0.7, seed=1, ignore_eos=True),
             Run.from_prompt(model, tok, [5, 6, 7], max_tokens=9, ignore_eos=True),
-            Run.from_prompt(model, tok, "One more line", max_tokens=6, ignore_eos=True)]
+            Run.from_prompt(model, tok, "One more line", max_tokens=6, ignore_eos=True),
+            # an OpenAI request's spelling of temp and repeat_penalty, as the server takes them
+            Run.from_prompt(model, tok, "A", max_tokens=6, temp=0.9, repeat_penalty=1.3, seed=4, ignore_eos=True)]
     for got, w in zip(lines, want):
         assert got["text"] == w.text() and got["tokens"] == w.tokens and got["finish_reason"] == w.stats.finish
         assert set(got) == {"index", "text", "tokens", "finish_reason"}
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"prompt": "x", "temp": -1}\n', "prompt 1: temp: should be a number >= 0"),
+    ('{"prompt": "x", "temp": -1}\n', "bad.jsonl:1: temp: should be a number >= 0"),
+    ('a\n\n{"prompt": "x", "temperature": -1}\n', "bad.jsonl:3: temperature: should be a number >= 0"),
+    ('{"prompt": "x", "temperature": 0.5, "temp": 1}\n', ":1: temperature: give it or temp, not both"),
+    ('{"prompt": "x", "prompt_lookup": true}\n', ":1: prompt_lookup: not available in a batch"),
+    ('{"prompt": "x", "draft_model": "some/dir"}\n', ":1: draft_model: not available in a batch"),
     ('{"prompt": 3}\n', ":1: prompt: should be a string or a list of token ids"),
     ('a\n{"prompt": "x",\n', ":2: not a JSON object"),
     ('{"text": "x"}\n', 'needs a "prompt" field'),
     ('\n\n', "no prompts"),
-    ('{"prompt": "x", "nucleus": 0.5}\n', "prompt 1: nucleus: no such option"),
+    ('{"prompt": "x", "nucleus": 0.5}\n', ":1: nucleus: no such option"),
 ])
 def test_cli_batch_bad_files_are_one_line(tmp_path, content, message):
     f = tmp_path / "bad.jsonl"

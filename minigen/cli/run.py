@@ -154,14 +154,14 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
     from ..generation.batch import batch_runs, read_batch_file
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
     Options.of(**given)   # the flags first: a bad one is a usage error naming it
-    prompts, per_prompt = read_batch_file(path)
-    for n, o in enumerate(per_prompt):
+    prompts, per_prompt, lines = read_batch_file(path)
+    for line, o in zip(lines, per_prompt):
         try:
             Options.of(**{**given, **o})
         except OptionError as e:
             if e.option not in o:
                 raise
-            raise MinigenError(f"{path}: prompt {n + 1}: {e.option}: {e.message}") from None
+            raise MinigenError(f"{path}:{line}: {e.option}: {e.message}") from None
     loaded = load_timed(model_path)
     tokens, start, written, results = [0], time.perf_counter(), [0], {}
     progress = sys.stderr.isatty() and not quiet

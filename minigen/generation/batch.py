@@ -26,7 +26,7 @@ import numpy as np
 from ..engine.cache import make_pools, must_recompute, pool, truncate, unpool
 from ..errors import MinigenError, OptionError, short
 from ..files import MiB, decode_utf8, read_bounded
-from .options import Options, check_prompt
+from .options import REQUEST_FIELDS, Options, check_prompt
 from .sampling import Processor, Sampler
 from .steps import FIRST_ROOM, Run, Step, eos_token_ids, sampling_pipeline
 
@@ -185,34 +185,57 @@ def _run(model, tokenizer, prompt, options: dict, chat: bool, system: str | None
     return r
 
 
-def read_batch_file(path: str | Path) -> tuple[list, list[dict]]:
-    """The prompts of a batch file and each one's options: a line is a prompt, or (starting with "{")
-    a JSON object with a "prompt" (text or token ids) and options named like generate's (max_tokens,
-    temp, ..., stop). Blank lines are skipped. MinigenError naming the file and line."""
+NOT_IN_A_BATCH = ("prompt_lookup", "draft_model", "record_attention")   # options a batch file's line cannot set
+
+
+def read_batch_file(path: str | Path) -> tuple[list, list[dict], list[int]]:
+    """The prompts of a batch file, each one's options and line number: a line is a prompt, or (starting
+    with "{") a JSON object (`json_line`). Blank lines are skipped. MinigenError naming the file and line."""
     text = decode_utf8(read_bounded(path, BATCH_FILE_LIMIT, "batch file"), str(path), "the batch file")
-    prompts, options = [], []
+    prompts, options, lines = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if not line.lstrip().startswith("{"):
-            prompts.append(line)
-            options.append({})
-            continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MinigenError(f"{path}:{n}: not a JSON object ({e.msg} at column {e.colno})")
-        if not isinstance(obj, dict) or "prompt" not in obj:
-            raise MinigenError(f'{path}:{n}: a JSON line needs a "prompt" field (text or token ids)')
-        prompt = obj.pop("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                             for i in prompt))):
-            raise MinigenError(f"{path}:{n}: prompt: should be a string or a list of token ids, got {short(prompt, 40)}")
+            prompt, o = json_line(line) if line.lstrip().startswith("{") else (line, {})
+        except MinigenError as e:
+            raise MinigenError(f"{path}:{n}: {e}") from None
         prompts.append(prompt)
-        options.append(obj)
+        options.append(o)
+        lines.append(n)
     if not prompts:
         raise MinigenError(f"{path}: no prompts (one a line, or JSON objects with a \"prompt\")")
-    return prompts, options
+    return prompts, options, lines
+
+
+def json_line(line: str) -> tuple:
+    """A batch file's JSON line: its "prompt" (text or token ids) and its options, named like generate's
+    (max_tokens, temp, ..., stop) or as in an OpenAI request (temperature, repetition_penalty:
+    options.REQUEST_FIELDS), checked. MinigenError naming the field at fault."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise MinigenError(f"not a JSON object ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict) or "prompt" not in obj:
+        raise MinigenError('a JSON line needs a "prompt" field (text or token ids)')
+    prompt = obj.pop("prompt")
+    if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                         for i in prompt))):
+        raise MinigenError(f"prompt: should be a string or a list of token ids, got {short(prompt, 40)}")
+    spelled = {name: request for request, name in REQUEST_FIELDS.items() if request != name and request in obj}
+    for name, request in spelled.items():
+        if name in obj:
+            raise MinigenError(f"{request}: give it or {name}, not both")
+        obj[name] = obj.pop(request)
+    alone = next((name for name in NOT_IN_A_BATCH if obj.get(name) not in (None, False)), None)
+    if alone:
+        raise MinigenError(f"{alone}: not available in a batch (speculative decoding and attention dumps run "
+                           f"one prompt at a time: minigen generate)")
+    try:
+        Options.of(**obj)
+    except OptionError as e:
+        raise MinigenError(f"{spelled.get(e.option, e.option)}: {e.message}") from None
+    return prompt, obj
 
 
 def generate_batch(model, tokenizer, prompts: Sequence, **options) -> list[str]:

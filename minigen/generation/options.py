@@ -172,6 +172,10 @@ def _clashes(o: Options) -> list[tuple[bool, str, str]]:
 
 
 NAMES = tuple(f.name for f in fields(Options))
+REQUEST_FIELDS = {   # the OpenAI API's (and vLLM's) spelling of a request field -> the Options field
+    "temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repeat_penalty", "seed": "seed",
+}
 
 
 def flags_of(command: str) -> tuple:

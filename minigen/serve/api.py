@@ -21,16 +21,12 @@ from dataclasses import dataclass, field
 from ..errors import MinigenError, OptionError, is_int, is_number, short
 from ..files import parse_json
 from ..generation.sampling import log_softmax
-from ..generation.options import Options
+from ..generation.options import REQUEST_FIELDS, Options
 from ..generation.steps import chat_ids
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_TOP_LOGPROBS = 20
 COMPLETION_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
-OPTION_FIELDS = {            # request field -> Options field (the samplers minigen has beyond OpenAI's are extras)
-    "temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "repetition_penalty": "repeat_penalty", "seed": "seed",
-}
 UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")   # accepted only as 0 (OpenAI's default)
 
 
@@ -112,7 +108,7 @@ def run_options(body: dict, kind: str, context: int) -> Options:
     """The request's fields as a run's Options, checked where they are made (Options.of), errors naming the request field."""
     names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
     given = next((n for n in names if body.get(n) is not None), None)
-    values = {opt: body.get(name) for name, opt in OPTION_FIELDS.items()}
+    values = {opt: body.get(name) for name, opt in REQUEST_FIELDS.items()}
     values["max_tokens"] = body[given] if given else context if kind == "chat" else COMPLETION_MAX_TOKENS
     stop = body.get("stop")
     values["stop"] = () if stop is None else (stop,) if isinstance(stop, str) else \
@@ -121,7 +117,7 @@ def run_options(body: dict, kind: str, context: int) -> Options:
         return Options.of(**values)
     except OptionError as e:
         field_name = given if e.option == "max_tokens" else \
-            next((n for n, o in OPTION_FIELDS.items() if o == e.option), e.option)
+            next((n for n, o in REQUEST_FIELDS.items() if o == e.option), e.option)
         raise ApiError(400, f"{field_name}: {e.message}", field_name) from None
 
 
