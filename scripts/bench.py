@@ -29,6 +29,8 @@ Sections behind flags (each its own table; --no-sweep skips the sweep above):
   speculative decoding and batching can gain at most; then prompt lookup on input-grounded prompts
   (quote a document, reformat code, fill a form) and a free-form one against plain greedy decoding,
   minigen and transformers' prompt_lookup_num_tokens side by side, the tokens checked identical.
+  With --draft-model DIR (a checkpoint sharing --model's tokenizer), the same tasks decoded with it
+  drafting (minigen's --draft-model against transformers' assistant_model).
 - --batch: 1, 4, 8 and 16 prompts of different lengths generated as one batch against one at a time
   (minigen's Batch; transformers' batched generate with left padding), tokens/s of the whole batch.
 """
@@ -251,21 +253,25 @@ def chat_prompts(model_dir: Path) -> dict:
 
 
 def worker_lookup(args) -> dict:
-    """Per task: decode tokens/s of plain greedy and of prompt lookup (each the mean of two runs, in the
-    order plain, lookup, lookup, plain), drafts accepted, tokens equal."""
+    """Per task: decode tokens/s of plain greedy, of prompt lookup and (with --draft-model) of the draft
+    model drafting, each the mean of two runs in the order plain, lookup, draft, draft, lookup, plain;
+    drafts accepted, tokens equal."""
     import minigen
     from minigen.generation.steps import Run
     run = Run.from_prompt
     model, tok = minigen.load(args.model)
+    drafter = minigen.load(args.draft_model) if args.draft_model else None
+    modes = {"plain": {}, "lookup": {"prompt_lookup": True}} | ({"draft": {"draft_model": drafter}} if drafter else {})
     prompts = json.loads(Path(args.prompts).read_text())["lookup"]
-    run(model, tok, prompts["free-form"][:64], max_tokens=8).text()   # warm-up
+    for extra in modes.values():
+        run(model, tok, prompts["free-form"][:64], max_tokens=8, **extra).text()   # warm-up
     out = {}
     for name, ids in prompts.items():
         res = {}
-        # plain, lookup, lookup, plain: each mode's mean speed sees the machine early and late alike, so a
-        # drift over the task (this VM's speed wanders by 10-20 % within minutes) cancels out of the ratio
-        for mode in ("plain", "lookup", "lookup", "plain"):
-            r = run(model, tok, ids, max_tokens=args.gen_tokens, ignore_eos=True, prompt_lookup=mode == "lookup")
+        # plain, lookup, draft, draft, lookup, plain: each mode's mean speed sees the machine early and late
+        # alike, so a drift over the task (this VM's speed wanders by 10-20 % within minutes) cancels out
+        for mode in list(modes) + list(modes)[::-1]:
+            r = run(model, tok, ids, max_tokens=args.gen_tokens, ignore_eos=True, **modes[mode])
             r.text()
             got = dict(tps=r.stats.decode_tps, tokens=r.tokens, accepted=r.stats.accepted,
                        drafted=r.stats.drafted, forwards=r.stats.forwards)
@@ -284,13 +290,18 @@ def worker_lookup_hf(args) -> dict:
     import transformers
     torch.set_num_threads(args.threads)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    modes = {"plain": {}, "lookup": {"prompt_lookup_num_tokens": 10}}
+    if args.draft_model:
+        modes["draft"] = {"assistant_model": transformers.AutoModelForCausalLM.from_pretrained(
+            args.draft_model, dtype=torch.float32).eval()}
     prompts = json.loads(Path(args.prompts).read_text())["lookup"]
     out = {}
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts["free-form"][:64]]), max_new_tokens=8, do_sample=False)
+        for extra in modes.values():
+            model.generate(torch.tensor([prompts["free-form"][:64]]), max_new_tokens=8, do_sample=False, **extra)
         for name, ids in prompts.items():
             res = {}
-            for mode, extra in (("plain", {}), ("lookup", {"prompt_lookup_num_tokens": 10})):
+            for mode, extra in modes.items():
                 x = torch.tensor([ids])
                 start = time.perf_counter()
                 y = model.generate(x, max_new_tokens=1, min_new_tokens=1, do_sample=False)
@@ -384,22 +395,30 @@ def section_spec(args, hf: bool):
     tf = run_worker("lookup-hf", args.hf_python, args) if hf else None
     if not mg:
         return
-    print("\n| task | plain decode | prompt lookup | ÷ plain | drafts kept / forward | acceptance | tokens equal |"
-          + (" transformers plain | transformers lookup | ÷ plain | minigen lookup ÷ transformers lookup |" if tf else ""))
+    spec_table(mg, tf, "lookup", "prompt lookup", "transformers lookup")
+    grounded = [r["lookup"]["tps"] / r["plain"]["tps"] for n, r in mg.items() if n != "free-form"]
+    print(f"\ntokens/s of decoding ({args.gen_tokens} greedy tokens, EOS ignored) after the chat-templated prompt; "
+          f"grounded tasks' mean speed-up {statistics.mean(grounded):.2f}×")
+    if args.draft_model:
+        spec_table(mg, tf, "draft", "draft model", "transformers assistant_model")
+        print(f"\n{Path(args.model).name} drafted by {Path(args.draft_model).name}: tokens/s of decoding as above")
+
+
+def spec_table(mg: dict, tf: dict | None, mode: str, label: str, hf_label: str):
+    """One speculative mode's table: per task, minigen's plain and `mode` decoding (and transformers')."""
+    print(f"\n| task | plain decode | {label} | ÷ plain | drafts kept / forward | acceptance | tokens equal |"
+          + (f" transformers plain | {hf_label} | ÷ plain | minigen ÷ transformers, {label} |" if tf else ""))
     print("|---|---|---|---|---|---|---|" + ("---|---|---|---|" if tf else ""))
     for name, r in mg.items():
-        p, l = r["plain"], r["lookup"]
+        p, l = r["plain"], r[mode]
         row = [name, f"{p['tps']:.1f}", f"{l['tps']:.1f}", f"{l['tps'] / p['tps']:.2f}×",
                f"{l['accepted'] / max(1, l['forwards'] - 1):.2f}", f"{100 * l['accepted'] / max(1, l['drafted']):.0f} %",
                "yes" if p["tokens"] == l["tokens"] else "NO"]
         if tf:
             t = tf[name]
-            row += [f"{t['plain']['tps']:.1f}", f"{t['lookup']['tps']:.1f}", f"{t['lookup']['tps'] / t['plain']['tps']:.2f}×",
-                    f"{l['tps'] / t['lookup']['tps']:.2f}×"]
+            row += [f"{t['plain']['tps']:.1f}", f"{t[mode]['tps']:.1f}", f"{t[mode]['tps'] / t['plain']['tps']:.2f}×",
+                    f"{l['tps'] / t[mode]['tps']:.2f}×"]
         print("| " + " | ".join(row) + " |")
-    grounded = [r["lookup"]["tps"] / r["plain"]["tps"] for n, r in mg.items() if n != "free-form"]
-    print(f"\ntokens/s of decoding ({args.gen_tokens} greedy tokens, EOS ignored) after the chat-templated prompt; "
-          f"grounded tasks' mean speed-up {statistics.mean(grounded):.2f}×")
 
 
 def section_batch(args, hf: bool):
@@ -722,6 +741,8 @@ def run_worker(name: str, python: str, args, stdin: str | None = None, lengths: 
     cmd = [python, __file__, "--worker", name, "--model", str(args.model), "--threads", str(args.threads),
            "--gen-tokens", str(args.gen_tokens), "--lengths", ",".join(map(str, lengths or args.lengths)),
            "--prompts", str(args.prompts), "--chart", str(args.chart), "--moe-layers", str(args.moe_layers)]
+    if getattr(args, "draft_model", None):
+        cmd += ["--draft-model", str(args.draft_model)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
         print(f"{name}: failed:\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -809,6 +830,8 @@ def main():
     ap.add_argument("--chart", default=str(ROOT / "docs" / "speed.png"), help="PNG to write ('' for none).")
     ap.add_argument("--json", help="Also write the raw rounds and the summary here.")
     ap.add_argument("--spec", action="store_true", help="Also: forward(k)/forward(1), and prompt lookup against plain decoding.")
+    ap.add_argument("--draft-model", help="With --spec: also decode with this checkpoint (sharing --model's "
+                                          "tokenizer) drafting, against transformers' assistant_model.")
     ap.add_argument("--batch", action="store_true", help="Also: batches of 1/4/8/16 prompts against one at a time.")
     ap.add_argument("--no-sweep", action="store_true", help="Skip the prompt-length sweep (run only the sections asked for).")
     ap.add_argument("--hybrid", action="store_true",

@@ -3,6 +3,7 @@
 The reference is always generate_step, plain one-token decoding, run beside it on the same model.
 """
 import copy
+import dataclasses
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -180,6 +181,51 @@ def test_policy_stops_drafting_when_guesses_fail_and_drafts_when_they_hold():
     assert p.choose(3, 16) >= 8
 
 
+def test_policy_probes_ever_less_while_drafts_do_not_pay_and_never_when_they_cannot():
+    costs = {1: 1.0, 2: 1.8, 5: 2.0, 9: 2.0, 17: 2.4}   # forward(rows) / forward(1), as bench.py --spec measures
+    lookup = S.Policy(16)   # prompt lookup: a guess costs nothing
+    lookup.seconds = dict(costs)
+    for _ in range(30):
+        lookup.observe(1, 0, 1)
+    assert [call for call in range(1, 1001) if lookup.choose(1, 16)] == [8, 72, 200, 456, 968]   # gaps 64, 128, ...
+    slow = S.Policy(16, draft_cost=1.0)   # a draft model as slow as the model: no k pays even if all are kept
+    slow.seconds = dict(costs)
+    for _ in range(30):
+        slow.observe("draft", 6, 6)
+    assert not slow.could_pay() and not any(slow.choose("draft", 16) for _ in range(1000))
+    cheap = S.Policy(16, draft_cost=0.05)
+    cheap.seconds = dict(costs)
+    for _ in range(30):
+        cheap.observe("draft", 6, 6)
+    assert cheap.could_pay() and cheap.choose("draft", 16) >= 8
+
+
+def test_a_draft_tokens_cost_leaves_out_catching_up_with_the_context(monkeypatch):
+    model, tok, ids = fixture("llama_gqa3")
+    clock = [0.0]
+    monkeypatch.setattr(S.time, "perf_counter", lambda: clock[0])
+
+    class Timed:   # the fixture's model at one second a row
+        config = model.config
+
+        def make_cache(self, capacity):
+            return model.make_cache(capacity)
+
+        def forward(self, feed, cache, last_only=False):
+            clock[0] += len(feed)
+            return model.forward(feed, cache, last_only=last_only)
+
+    d = S.DraftModel(Timed(), 16)
+    d.policy.choose = lambda kind, available: 4
+    out, _ = d.draft(ids, 10, make_sampler(0.0), [], None)   # 40 ids behind: the first forward catches up
+    assert len(out) == 4 and d.spent == len(ids) + 3 and d.per_token == 1.0
+    d.feedback(4, 2, out[2], 50.0, 5)
+    assert d.policy.seconds[5] == 50.0 - d.spent and "draft" in d.policy.rate   # the verify alone, and 2 of 4 kept
+    # two drafts kept, then the model's own token: the draft cache keeps them and is fed that one token
+    d.draft(ids + out[:2] + [(out[2] + 1) % model.config.vocab_size], 10, make_sampler(0.0), [], None)
+    assert d.spent == 4 and d.per_token == 1.0
+
+
 # --- sampling: the distribution of the first tokens, with and without drafts -------------------------
 
 def two_sample_chi2(a, b) -> float:
@@ -298,7 +344,15 @@ def test_draft_model_greedy_identity_and_vocabulary_check():
         assert tokens == truth
     r = Run.from_prompt(model, tok, ids, max_tokens=20, draft_model=(model, tok))
     r.text()
-    assert r.tokens == truth and r.stats.acceptance == 1.0
+    assert r.tokens == truth and r.stats.drafted == 0   # as slow as the model: it never pays, so never drafts
+    small = copy.copy(model)   # the model's first layer alone: a draft of about half its weights
+    small.params = {**model.params, "layers": model.params["layers"][:1]}
+    small.config = dataclasses.replace(model.config, n_layers=1)
+    drafter = S.make_drafter(model, tok, Options.of(draft_model=(small, tok)))
+    assert drafter.policy.draft_cost == small.n_params / model.n_params < 0.6
+    r = Run.from_prompt(model, tok, ids, max_tokens=20, draft_model=(small, tok))
+    r.text()
+    assert r.tokens == truth
     g_model, g_tok, _ = fixture("gpt2")
     with pytest.raises(MinigenError, match="another vocabulary") as e:
         Run.from_prompt(model, tok, ids, draft_model=(g_model, g_tok))

@@ -38,9 +38,10 @@ from ..errors import MinigenError
 from .sampling import Processor, categorical
 
 KS = (0, 1, 2, 3, 4, 6, 8, 12, 16)   # draft lengths the policy chooses among
-# forward(r rows) / forward(1 row) for SmolLM2-135M after a short prompt (scripts/bench.py --spec);
+# forward(r rows) / forward(1 row) for SmolLM2-135M after a 150-token prompt (scripts/bench.py --spec,
+# AMD EPYC: 1.78-1.81 at 2 rows, 1.92-2.06 at 4, 1.90-1.96 at 8, 2.38-2.40 at 16; between, interpolated);
 # replaced by the times measured during the run once a size has been tried
-PRIOR_COST = {1: 1.0, 2: 2.6, 3: 2.7, 4: 2.8, 5: 2.8, 7: 2.9, 9: 2.9, 13: 3.0, 17: 3.2}
+PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 5: 2.0, 7: 2.0, 9: 2.0, 13: 2.2, 17: 2.4}
 
 
 def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
@@ -95,17 +96,19 @@ def residual_draw(p: np.ndarray, q, rng) -> int:
 class Policy:
     """The number of drafts to verify (see the module's docstring): acceptance rates per kind of guess,
     forward times per row count, and the cost of drafting one token (a draft model's forward). While
-    no draft pays at the rates seen, one forward in PROBE_EVERY still verifies a few (a forward of
-    PRIOR_COST[5] ~ 3x: a few % at most), so that the costs of this machine and model get measured."""
+    no draft pays at the rates seen, a forward now and then still verifies a few (the 8th, then one in
+    PROBE_EVERY, the gap doubling while they do not pay: a forward of PRIOR_COST[5] ~ 2x, a few % at
+    most), so that the costs of this machine and model get measured; and none once even drafts always
+    kept could not pay at the costs measured (a draft model as slow as the model itself)."""
 
-    PROBE_EVERY = 64
+    PROBE_EVERY, PROBE_MAX = 64, 1024   # forwards between probes; twice as many after each that did not pay
 
     def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
         self.max_draft, self.draft_cost = max_draft, draft_cost
         self.rate: dict = {}          # kind -> running acceptance rate of one draft position
         self.seconds: dict = {}       # rows -> running seconds of a forward over that many rows
         self.prior = prior
-        self.calls, self.next_probe = 0, 8
+        self.calls, self.next_probe, self.probe_gap = 0, 8, self.PROBE_EVERY
 
     def choose(self, kind, available: int) -> int:
         a = min(self.rate.get(kind, self.prior), 0.999)
@@ -117,10 +120,18 @@ class Policy:
                 if gain > best:
                     best, best_k = gain, k
         self.calls += 1
-        if best_k == 0 and available > 0 and self.calls >= self.next_probe:
-            self.next_probe = self.calls + self.PROBE_EVERY
+        if best_k:
+            self.probe_gap = self.PROBE_EVERY
+        elif available > 0 and self.calls >= self.next_probe and self.could_pay():
+            self.next_probe = self.calls + self.probe_gap
+            self.probe_gap = min(2 * self.probe_gap, self.PROBE_MAX)
             return min(available, self.max_draft, 4)
         return best_k
+
+    def could_pay(self) -> bool:
+        """Whether some k would pay if every draft were kept: at the costs seen, drafting can gain at all
+        (a draft model as slow as the model itself never can)."""
+        return any(k + 1 > self.cost(k + 1) + k * self.draft_cost for k in KS if 0 < k <= self.max_draft)
 
     def cost(self, rows: int) -> float:
         """forward(rows) / forward(1): measured, else the prior scaled to the nearest size measured."""
@@ -189,36 +200,43 @@ def lookup(tokens: np.ndarray, k: int, n_max: int = 3, n_min: int = 1) -> tuple[
 
 class DraftModel:
     """Drafts with a small model of the same vocabulary, through a cache of its own that follows the
-    context: on each call it is cut back to what the context still shares with it, then fed the rest."""
+    context: on each call it is cut back to what the context still shares with it, then fed the rest.
+    A draft token's cost, relative to a forward of the model, starts as `cost` (make_drafter: the ratio
+    of their weights, which a decode step reads) and is then measured, on forwards that follow the
+    context closely, not on the one that catches up after a stretch of no drafting."""
 
-    def __init__(self, model, max_draft: int = 16, vocab: int | None = None):
+    def __init__(self, model, max_draft: int = 16, vocab: int | None = None, cost: float = 0.3):
         self.model, self.vocab = model, vocab or model.config.vocab_size   # ids it may propose: the model's too
-        self.policy = Policy(max_draft, draft_cost=0.3)   # a draft token's forward, per target forward: measured
+        self.policy = Policy(max_draft, draft_cost=cost)
         self.cache = model.make_cache(256)
         self.cached: list[int] = []      # the ids the draft cache holds
-        self.idle = 0
+        self.spent, self.per_token = 0.0, None   # the last call's seconds; seconds a draft token, caught up
 
     def draft(self, tokens: list[int], room: int, sampler, processors, rng) -> tuple[list[int], list | None]:
         k = self.policy.choose("draft", min(room, self.model.config.max_position_embeddings - len(tokens)))
-        if k == 0:   # drafting does not pay at the rates seen: try one now and then, in case they change
-            self.idle += 1
-            if self.idle < 16 or room < 1 or len(tokens) + 1 > self.model.config.max_position_embeddings:
-                return [], None
-            k, self.idle = 1, 0
+        self.spent = 0.0
+        if k == 0:
+            return [], None
         start = time.perf_counter()
         keep = truncate(self.cache, common_prefix(self.cached, tokens[:-1]))   # a recurrent layer: a snapshot, or 0
-        feed, out, q = tokens[keep:], [], []
+        feed, out, q, seconds = tokens[keep:], [], [], []
+        caught_up = len(feed) <= self.policy.max_draft + 1   # not behind by an idle stretch
         for _ in range(k):
+            began = time.perf_counter()
             if must_recompute(self.model.config, self.cache[0].offset, len(feed)):
                 truncate(self.cache, 0)
-                feed = tokens + out
+                feed, caught_up = tokens + out, False
             scores = self.model.forward(feed, self.cache, last_only=True)[0][:self.vocab]
             for process in processors:
                 scores = process(scores, tokens + out)
             out.append(self._pick(scores, sampler, rng, q))
             feed = [out[-1]]
+            seconds.append(time.perf_counter() - began)
         self.cached = (tokens + out)[:self.cache[0].offset]
-        self.draft_seconds = (time.perf_counter() - start) / k
+        self.spent = time.perf_counter() - start
+        # a draft token's cost, from forwards that did not catch up with a stretch of context
+        per_token = sum(seconds) / k if caught_up else sum(seconds[1:]) / (k - 1) if k > 1 else None
+        self.per_token = per_token or self.per_token
         return out, None if sampler.greedy else q
 
     def _pick(self, scores: np.ndarray, sampler, rng, q: list) -> int:
@@ -232,9 +250,9 @@ class DraftModel:
         if drafted:
             self.policy.observe("draft", accepted, drafted)
         if seconds is not None:
-            self.policy.timed(rows, seconds - (drafted and self.draft_seconds * drafted))
-            if drafted and 1 in self.policy.seconds:
-                self.policy.draft_cost = self.draft_seconds / self.policy.seconds[1]
+            self.policy.timed(rows, seconds - self.spent)
+            if self.per_token is not None and 1 in self.policy.seconds:
+                self.policy.draft_cost = self.per_token / self.policy.seconds[1]
 
 
 def make_drafter(model, tokenizer, options):
@@ -247,7 +265,9 @@ def make_drafter(model, tokenizer, options):
         return PromptLookup(max_draft)
     draft, draft_tokenizer = options.draft_model
     check_same_vocabulary(tokenizer, draft_tokenizer, model, draft)
-    return DraftModel(draft, max_draft, min(model.config.vocab_size, draft.config.vocab_size))
+    # a decode step reads every weight: a draft token costs about the draft's share of the two (until measured)
+    return DraftModel(draft, max_draft, min(model.config.vocab_size, draft.config.vocab_size),
+                      cost=draft.n_params / model.n_params)
 
 
 def check_same_vocabulary(tokenizer, draft_tokenizer, model, draft):
