@@ -188,3 +188,29 @@ def test_mamba2_layer_equals_transformers(prefix, groups, normed):
         y, tail, state = ssm.mamba2(x[t:t + 1], tail, state, p, m)
         ys.append(y)
     np.testing.assert_allclose(np.concatenate(ys), f[f"{prefix}_y"], atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["lfm2", "lfm2_v4", "qwen3_5_text", "granitemoehybrid", "falcon_h1"])
+def test_every_mixer_as_the_last_layer_computes_the_last_row_alone_and_the_whole_cache(name):
+    """A forward that wants the last row only (forward(last_only), forward_batch) computes the final
+    layer's output there alone: a convolution only its kernel's last rows, a recurrence every row (its
+    state), attention only the last query. Each hybrid fixture cut after each of its layers, so that
+    every kind of mixer is the last once: the last row's logits, and two decode steps from that cache,
+    equal those of a full forward; and a batch of two prompts equals each alone."""
+    import copy
+    import dataclasses
+    import minigen
+    whole = minigen.load(Path(__file__).parent / "fixtures" / name)[0]
+    ids = np.load(Path(__file__).parent / "fixtures" / name / "reference.npz")["input_ids"]
+    for n_layers in range(1, whole.config.n_layers + 1):
+        model = copy.copy(whole)
+        model.params = {**whole.params, "layers": whole.params["layers"][:n_layers]}
+        model.config = dataclasses.replace(whole.config, n_layers=n_layers)
+        trimmed, full = model.make_cache(8), model.make_cache(8)
+        got, want = model.forward(ids, trimmed, last_only=True), model.forward(ids, full)[-1:]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        for token in (5, 7):
+            np.testing.assert_allclose(model.forward([token], trimmed), model.forward([token], full), atol=1e-5)
+        pair = model.forward_batch([ids[:9], ids[4:]], [model.make_cache(), model.make_cache()])
+        for got, part in zip(pair, (ids[:9], ids[4:])):
+            np.testing.assert_allclose(got, model.forward(part, model.make_cache())[-1:], atol=1e-5)

@@ -48,3 +48,17 @@ def test_prefill_then_decode_equals_uncached(case):
     cache = model.make_cache(capacity=8)
     model.forward(ids[:-1], cache)
     np.testing.assert_allclose(model.forward(ids[-1:], cache), full[-1:], atol=1e-5)
+
+
+
+def test_last_row_only_matches_and_leaves_the_cache_of_a_full_forward(case):
+    """forward(last_only): the final layer computes its output at the last row alone (its mixer still
+    advances every row's cache): that row's logits match transformers', and decoding on from that
+    cache equals decoding on from a full forward's."""
+    model, ref = case
+    ids, nxt = ref["input_ids"], ref["greedy_ids"][:3]
+    trimmed, full = model.make_cache(capacity=8), model.make_cache(capacity=8)
+    last = model.forward(ids, trimmed, last_only=True)
+    assert last.shape == (1, ref["logits"].shape[1]) and np.abs(last[0] - ref["logits"][-1]).max() <= 1e-4
+    model.forward(ids, full)
+    np.testing.assert_allclose(model.forward(nxt, trimmed), model.forward(nxt, full), atol=1e-5)

@@ -84,8 +84,8 @@ def forward(params: dict, cfg: Config, ids: np.ndarray, cache: list, last_only: 
     """Logits (T, V), or (1, V) for the last position only. Appends each layer's attention weights
     (H, T, S) to `record` when it is a list; the cache advances by T."""
     with parallel.for_decode(len(ids)):   # a decode step on a busy machine: OpenBLAS on one thread
-        x = hidden(params, cfg, ids, cache, record, hooks=hooks)             # (T, D)
-        return unembed(x[-1:] if last_only else x, params, cfg)             # (T, V)
+        x = hidden(params, cfg, ids, cache, record, hooks=hooks, last_only=last_only)   # (T, D), or (1, D)
+        return unembed(x, params, cfg)                                       # (T, V), or (1, V)
 
 
 def forward_batch(params: dict, cfg: Config, ids: list[np.ndarray], caches: list[list],
@@ -95,39 +95,56 @@ def forward_batch(params: dict, cfg: Config, ids: list[np.ndarray], caches: list
     a `forward` of each sequence alone."""
     seqs = stack(ids, caches)
     with parallel.for_decode(seqs[-1].rows.stop):
-        x = run_layers(embed(params, cfg, np.concatenate(ids), positions(seqs)), params, cfg, seqs)  # (N, D)
+        x = embed(params, cfg, np.concatenate(ids), positions(seqs))        # (N, D)
+        x = run_layers(x, params, cfg, seqs, last_only=last_only)            # (N, D), or (B, D)
         if last_only:
-            x = x[[s.rows.stop - 1 for s in seqs]]                           # (B, D)
             return list(unembed(x, params, cfg)[:, None])                    # B x (1, V)
         logits = unembed(x, params, cfg)                                     # (N, V)
     return [logits[s.rows] for s in seqs]
 
 
 def hidden(params: dict, cfg: Config, ids: np.ndarray, cache: list, record: list | None = None,
-           n_layers: int | None = None, hooks: Hooks | None = None) -> np.ndarray:
-    """The residual stream (T, D) after the first n_layers layers (all of them by default)."""
+           n_layers: int | None = None, hooks: Hooks | None = None, last_only: bool = False) -> np.ndarray:
+    """The residual stream (T, D) after the first n_layers layers (all of them by default); with
+    last_only, its last row (1, D)."""
     seqs = stack([ids], [cache])
     x = embed(params, cfg, ids, positions(seqs))                             # (T, D), our own copy
-    return run_layers(x, params, cfg, seqs, 0, n_layers, record, hooks)
+    return run_layers(x, params, cfg, seqs, 0, n_layers, record, hooks, last_only)
 
 
 def run_layers(x: np.ndarray, params: dict, cfg: Config, seqs: list[Seq], start: int = 0,
-               stop: int | None = None, record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
+               stop: int | None = None, record: list | None = None, hooks: Hooks | None = None,
+               last_only: bool = False) -> np.ndarray:
     """Layers start..stop-1 on the residual stream x (N, D) of the sequences `seqs`, whose caches are
-    at the positions where these rows begin."""
+    at the positions where these rows begin. With last_only, only each sequence's last row of the
+    result is wanted, (B, D): the model's final layer then computes its output at those rows alone,
+    as llama.cpp does (what the cache keeps it still computes for every row), unless hooks or
+    `record` look at every row."""
     tables = rope_for(cfg, seqs)
-    for i in range(start, cfg.n_layers if stop is None else stop):
-        x = layer(x, params["layers"][i], cfg, i, seqs, tables.get(rope_of(cfg, i)), record, hooks)
+    stop = cfg.n_layers if stop is None else stop
+    for i in range(start, stop):
+        last = last_only and i == cfg.n_layers - 1 and record is None and not hooks
+        x = layer(x, params["layers"][i], cfg, i, seqs, tables.get(rope_of(cfg, i)), record, hooks, last)
     if parallel.threads_for(len(x)) > 1:
         parallel.release_free_heap()
+    if last_only and len(x) > len(seqs):
+        x = x[last_rows(seqs)]                                               # (B, D)
     return x
 
 
+def last_rows(seqs: list[Seq]) -> list[int]:
+    """Each sequence's last row in the stacked rows."""
+    return [s.rows.stop - 1 for s in seqs]
+
+
 def layer(x: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, record: list | None = None,
-          hooks: Hooks | None = None) -> np.ndarray:
-    """One decoder layer on the residual stream x (N, D), updated in place and returned."""
+          hooks: Hooks | None = None, last: bool = False) -> np.ndarray:
+    """One decoder layer on the residual stream x (N, D), updated in place and returned. With `last`,
+    its output at each sequence's last row only, (B, D): the mixer still advances every row's cache."""
     h = parallel.by_rows(norm, x, p=p, cfg=cfg, name="attn_norm") if cfg.pre_norms else x   # (N, D)
-    a = MIXERS[cfg.mixer(i)](h, p, cfg, i, seqs, rope, record, hooks)         # (N, D)
+    a = MIXERS[cfg.mixer(i)](h, p, cfg, i, seqs, rope, record, hooks, last)   # (N, D), or (B, D)
+    if last:
+        x = x[last_rows(seqs)]                                               # (B, D)
     if cfg.post_norms:
         a = norm(a, p, cfg, "attn_post_norm")
     a = residual_scaled(a, cfg)
@@ -158,20 +175,24 @@ def residual_scaled(a: np.ndarray, cfg: Config) -> np.ndarray:
 # --- token mixers: what a layer computes across positions ----------------------------------------
 
 def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope, record: list | None = None,
-              hooks: Hooks | None = None) -> np.ndarray:
+              hooks: Hooks | None = None, last: bool = False) -> np.ndarray:
     """Multi-head attention of each sequence's rows of h (N, D), already normed, over its own cache
-    (which it extends): what the block adds to the residual stream (N, D), before any post-norm."""
+    (which it extends): what the block adds to the residual stream (N, D), before any post-norm; with
+    `last`, only each sequence's last query attends, (B, D) (every row's k and v still join the cache)."""
     q, k, v = parallel.by_rows(qkv_heads, h, rope, p=p, cfg=cfg)             # (N, H, d), (N, KV, d) x2
-    z = np.empty_like(q)                                                     # (N, H, d)
+    out_rows = {id(s): slice(b, b + 1) if last else s.rows for b, s in enumerate(seqs)}
+    z = np.empty((len(seqs),) + q.shape[1:] if last else q.shape, np.float32)   # (N, H, d), or (B, H, d)
     pooled = pooled_decoding(seqs, i) if record is None else []
     if pooled:
         rows = [s.rows.start for s in pooled]
-        z[rows] = attend_pooled(q[rows], k[rows], v[rows], [s.cache[i] for s in pooled], cfg, i)
+        z[[out_rows[id(s)].start for s in pooled]] = attend_pooled(q[rows], k[rows], v[rows],
+                                                                   [s.cache[i] for s in pooled], cfg, i)
     in_pool = {id(s) for s in pooled}
     alone = [s for s in seqs if id(s) not in in_pool]
 
     def attend_alone(s: Seq):
-        z[s.rows] = attend_cached(q[s.rows], k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
+        queries = q[s.rows.stop - 1:s.rows.stop] if last else q[s.rows]
+        z[out_rows[id(s)]] = attend_cached(queries, k[s.rows], v[s.rows], s.cache[i], cfg, i, record)
 
     # a batch's joining prompts attend on parallel threads, the longest first, each over its own cache;
     # with `record`, one after another, so that the weights are appended in the sequences' order
@@ -183,15 +204,16 @@ def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope
         z = hooks.z(i, z)
     z = z.reshape(len(z), -1)                                                # (N, H d)
     if cfg.attn_gate:  # Qwen3.5: each head's output x sigmoid(its gate), the gate's rows last in wqkv
-        z = z * sigmoid(linear(h, p["wqkv"][qkv_rows(cfg):]))
+        z = z * sigmoid(linear(h[last_rows(seqs)] if last else h, p["wqkv"][qkv_rows(cfg):]))
     return parallel.by_rows(linear, z, w=p["wo"], b=p.get("bo"))             # (N, D)
 
 
 def attend_cached(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, cfg: Config, i: int,
                   record: list | None = None) -> np.ndarray:
-    """One sequence's new q (T, H, d), k and v (T, KV, d): k and v join the cache, q attends causally
-    over all of it. Each head's output z (T, H, d); the weights (H, T, S) go to `record` when it is a list."""
-    offset = cache.offset
+    """One sequence's new k and v (T, KV, d) and the queries q (T', H, d) of its last T' <= T rows: k
+    and v join the cache, q attends causally over all of it. Each head's output z (T', H, d); the
+    weights (H, T', S) go to `record` when it is a list."""
+    offset = cache.offset + len(k) - len(q)                                  # the first query's position
     keys, values = cache.update_and_fetch(k.transpose(1, 0, 2), v.transpose(1, 0, 2))   # (KV, S, d)
     out, weights = causal_attention(q.transpose(1, 0, 2), keys, values, offset, cfg.window(i),
                                     record is not None, cfg.attn_scale, cfg.attn_softcap)   # (H, T, d)
@@ -225,15 +247,22 @@ def attend_pooled(q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: list[Pool
     return z
 
 
-def recurrent(step):
+def recurrent(step, window=None):
     """A token mixer from a recurrence `step(x, tail, state, p, cfg) -> (out, tail, state)` on one
-    sequence's rows: each sequence runs from its own cache's state, which it then advances."""
-    def mixer(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope=None, record=None, hooks=None):
-        out = np.empty_like(h)                                               # (N, D)
-        for s in seqs:
+    sequence's rows: each sequence runs from its own cache's state, which it then advances. With
+    `last`, each sequence's last output row only, (B, D); `window(cfg)`, if given, is how many of the
+    last rows determine that output and the new tail (a convolution's kernel, with no state beyond
+    its tail): then only those are computed."""
+    def mixer(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope=None, record=None, hooks=None,
+              last: bool = False):
+        out = np.empty((len(seqs), h.shape[1]) if last else h.shape, np.float32)   # (N, D), or (B, D)
+        for b, s in enumerate(seqs):
             c = s.cache[i]
             c = getattr(c, "ssm", c)   # beside attention (Falcon-H1), its own part of the layer's cache
-            out[s.rows], tail, state = step(h[s.rows], c.tail, c.state, p, cfg)
+            start = max(s.rows.start, s.rows.stop - window(cfg)) if last and window else s.rows.start
+            # from a later start the first rows' outputs read the wrong tail; the last row's and the new tail do not
+            y, tail, state = step(h[start:s.rows.stop], c.tail, c.state, p, cfg)
+            out[b if last else s.rows] = y[-1] if last else y
             c.update(tail, state, s.rows.stop - s.rows.start)
         if record is not None:   # no attention weights: None keeps record[i] the weights of layer i
             record.append(None)
@@ -242,16 +271,17 @@ def recurrent(step):
 
 
 def attention_and_mamba2(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope,
-                         record: list | None = None, hooks: Hooks | None = None) -> np.ndarray:
+                         record: list | None = None, hooks: Hooks | None = None, last: bool = False) -> np.ndarray:
     """Falcon-H1: attention and Mamba2 side by side on the same input, their outputs summed (the µP
     multipliers on both are folded into the weights at load)."""
-    return MIXERS["mamba2"](h, p, cfg, i, seqs) + attention(h, p, cfg, i, seqs, rope, record, hooks)
+    return MIXERS["mamba2"](h, p, cfg, i, seqs, last=last) + attention(h, p, cfg, i, seqs, rope, record, hooks, last)
 
 
 MIXERS = {   # Config.mixer(layer) -> the layer's token mixer
     "attention": attention,
     "gated_delta": recurrent(lambda x, tail, state, p, cfg: gated_deltanet(x, tail, state, p, cfg.delta_net)),
-    "short_conv": recurrent(lambda x, tail, state, p, cfg: (*short_conv(x, tail, p), None)),
+    "short_conv": recurrent(lambda x, tail, state, p, cfg: (*short_conv(x, tail, p), None),
+                            window=lambda cfg: cfg.short_conv.kernel),
     "mamba2": recurrent(lambda x, tail, state, p, cfg: mamba2(x, tail, state, p, cfg.mamba)),
     "attention+mamba2": attention_and_mamba2,
 }
