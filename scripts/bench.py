@@ -323,9 +323,11 @@ def batch_prompts(model_dir: Path, n: int) -> list[list[int]]:
 
 
 def worker_batch(args) -> dict:
-    """Per batch size: tokens/s of the batch (every sequence's generated tokens over the wall time,
+    """Per batch size: tokens/s of the batch (every sequence's generated tokens over its steps' time,
     prefill included) and of the same prompts one at a time, and both for decoding alone (the tokens
-    after each prompt's first, over the time after its prefill); results checked equal."""
+    after each prompt's first, over the time after its prefill); results checked equal. The two run
+    interleaved, a batch step then as many one-at-a-time steps as there are prompts, so that they end
+    together and see the machine alike (this VM's speed wanders by 10-20 % within minutes)."""
     import minigen
     from minigen.generation.batch import Batch
     from minigen.generation.options import Options
@@ -336,22 +338,30 @@ def worker_batch(args) -> dict:
     out = {}
     for n in map(str, BATCH_SIZES):
         prompts = data[n]
-        start, alone, alone_prefill = time.perf_counter(), [], 0.0
-        for p in prompts:
-            steps = generate_step(model, p, Options.of(max_tokens=args.gen_tokens))
-            began = time.perf_counter()
-            alone.append([next(steps).token])
-            alone_prefill += time.perf_counter() - began
-            alone[-1] += [s.token for s in steps]
-        alone_s = time.perf_counter() - start
-        start = time.perf_counter()
-        batch, got, prefill = Batch(model), {}, None
+        one_by_one = ((i, step) for i, p in enumerate(prompts)
+                      for step in generate_step(model, p, Options.of(max_tokens=args.gen_tokens)))
+        alone, alone_s, alone_prefill = [[] for _ in prompts], 0.0, 0.0
+        batch, got, batch_s, prefill = Batch(model), {}, 0.0, None
         handles = [batch.add(p, Options.of(max_tokens=args.gen_tokens)) for p in prompts]
-        while len(batch):
-            for h, step in batch.step().items():
-                got.setdefault(h, []).append(step.token)
-            prefill = prefill or time.perf_counter() - start   # the first step: every prompt in one forward
-        batch_s = time.perf_counter() - start
+        while len(batch) or one_by_one is not None:
+            if len(batch):
+                start = time.perf_counter()
+                steps = batch.step()
+                seconds = time.perf_counter() - start
+                batch_s, prefill = batch_s + seconds, seconds if prefill is None else prefill   # first: every prompt
+                for h, step in steps.items():
+                    got.setdefault(h, []).append(step.token)
+            for _ in prompts:
+                start = time.perf_counter()
+                item = next(one_by_one, None) if one_by_one is not None else None
+                seconds = time.perf_counter() - start
+                if item is None:
+                    one_by_one = None
+                    break
+                i, step = item
+                alone_s += seconds
+                alone_prefill += seconds if not alone[i] else 0.0
+                alone[i].append(step.token)
         total = sum(len(a) for a in alone)
         out[n] = dict(batch=total / batch_s, alone=total / alone_s, same=[got[h] for h in handles] == alone,
                       decode_batch=(total - len(prompts)) / max(batch_s - prefill, 1e-9),
