@@ -117,6 +117,18 @@ def test_batch_refuses_bad_options_naming_them():
         batch_runs(model, tok, ["a"], [{"nucleus": 1}])
 
 
+def test_max_tokens_zero_gives_an_empty_result_without_joining_the_batch():
+    """generate alone gives no token for max_tokens 0; a batch step gives every sequence one, so such a
+    prompt never joins (it ran until its context filled)."""
+    model, tok, ids = fixture("llama_gqa3")
+    results = batch_runs(model, tok, ["Hello", "World"], [{"max_tokens": 0}, {"max_tokens": 3, "ignore_eos": True}])
+    alone = Run.from_prompt(model, tok, "Hello", max_tokens=0)
+    assert (results[0].text, results[0].tokens, results[0].finish_reason) == (alone.text(), alone.tokens, "length")
+    assert results[0].tokens == [] and len(results[1].tokens) == 3
+    with pytest.raises(ValueError, match="max_tokens is 0"):
+        Batch(model).add(ids, Options.of(max_tokens=0))
+
+
 # --- the command line: generate --batch FILE -----------------------------------------------------------
 
 def cli(*args):

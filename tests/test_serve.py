@@ -254,6 +254,8 @@ def error_of(status_data) -> dict:
     (json.dumps({"messages": MESSAGES, "temperature": "hot"}), "temperature"),
     (json.dumps({"messages": MESSAGES, "max_tokens": -1}), "max_tokens"),
     (json.dumps({"messages": MESSAGES, "max_completion_tokens": 1.5}), "max_completion_tokens"),
+    (json.dumps({"messages": MESSAGES, "max_tokens": 0}), "max_tokens"),   # generated until the context filled
+    (json.dumps({"messages": MESSAGES, "max_completion_tokens": 0}), "max_completion_tokens"),
     (json.dumps({"messages": MESSAGES, "top_p": 0}), "top_p"),
     (json.dumps({"messages": MESSAGES, "stream": "yes"}), "stream"),
     (json.dumps({"messages": MESSAGES, "stop": [1]}), "stop"),
@@ -267,6 +269,11 @@ def test_bad_requests_are_400_naming_the_field(server, body, param):
     e = error_of(raw(server.port, "POST", "/v1/chat/completions", body))
     assert e["status"] == 400 and e["param"] == param and e["type"] == "invalid_request_error"
     assert param is None or e["message"].startswith(param)
+
+
+def test_a_completion_of_no_tokens_is_400(server):
+    e = error_of(raw(server.port, "POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 0})))
+    assert e["status"] == 400 and e["param"] == "max_tokens" and "at least 1" in e["message"]
 
 
 def test_unknown_fields_are_ignored(server):

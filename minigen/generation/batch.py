@@ -64,6 +64,8 @@ class Batch:
         o = options.for_model(self.model)
         if o.record_attention:
             raise ValueError("a batch records no attention weights")
+        if o.max_tokens == 0:   # a step gives every sequence a token: it would never finish on "length"
+            raise ValueError("max_tokens is 0: nothing to generate, so nothing to add to a batch")
         tokens = [int(t) for t in prompt_ids]
         check_prompt(tokens, self.model, o.max_context)
         if cache is None:
@@ -154,7 +156,11 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
         raise OptionError("options", f"{len(options)} option sets for {len(prompts)} prompts")
     runs = [_run(model, tokenizer, p, o, chat, system) for p, o in zip(prompts, options)]
     texts, results = [""] * len(runs), [None] * len(runs)
-    batch, handles, waiting = Batch(model), {}, list(range(len(runs)))
+    batch, handles, waiting = Batch(model), {}, [i for i, r in enumerate(runs) if r.options.max_tokens > 0]
+    for i in sorted(set(range(len(runs))) - set(waiting)):   # max_tokens 0: done before it starts, as alone
+        results[i] = Result(i, "", [], "length", runs[i])
+        if on_done:
+            on_done(results[i])
     while waiting or handles:
         while waiting and (max_batch is None or len(handles) < max_batch):
             i = waiting.pop(0)

@@ -114,11 +114,14 @@ def run_options(body: dict, kind: str, context: int) -> Options:
     values["stop"] = () if stop is None else (stop,) if isinstance(stop, str) else \
         tuple(stop) if isinstance(stop, list) else stop
     try:
-        return Options.of(**values)
+        options = Options.of(**values)
     except OptionError as e:
         field_name = given if e.option == "max_tokens" else \
             next((n for n, o in REQUEST_FIELDS.items() if o == e.option), e.option)
         raise ApiError(400, f"{field_name}: {e.message}", field_name) from None
+    if options.max_tokens < 1:   # as vLLM: a request must leave room for one token
+        raise ApiError(400, f"{given}: should be at least 1, got {options.max_tokens}", given)
+    return options
 
 
 def messages(value) -> list[dict]:
