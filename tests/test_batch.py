@@ -170,6 +170,8 @@ def test_cli_batch_writes_jsonl_in_input_order(tmp_path):
     ('{"text": "x"}\n', 'needs a "prompt" field'),
     ('\n\n', "no prompts"),
     ('{"prompt": "x", "nucleus": 0.5}\n', ":1: nucleus: no such option"),
+    ('a\n{"prompt": [5, 99999999]}\n', "bad.jsonl:2: prompt: token id 99999999 is outside"),   # seen once loaded
+    ('a\n\n' + "word " * 2000 + "\n", "bad.jsonl:3: the prompt is"),
 ])
 def test_cli_batch_bad_files_are_one_line(tmp_path, content, message):
     f = tmp_path / "bad.jsonl"

@@ -151,7 +151,7 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
     soon as it and those before it are done; a progress line on stderr in a terminal."""
     import json
     from ..errors import MinigenError, OptionError
-    from ..generation.batch import batch_runs, read_batch_file
+    from ..generation.batch import PromptError, batch_runs, read_batch_file
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
     Options.of(**given)   # the flags first: a bad one is a usage error naming it
     prompts, per_prompt, lines = read_batch_file(path)
@@ -186,6 +186,8 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
                           system=system, on_step=on_step, on_done=on_done, max_batch=BATCH)
     except KeyboardInterrupt:
         return 130
+    except PromptError as e:   # found before any result is written
+        raise MinigenError(f"{path}:{lines[e.index]}: {e.message}") from None
     finally:
         if progress:
             click.echo(err=True)

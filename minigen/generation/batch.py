@@ -154,7 +154,14 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
         options = [options] * len(prompts)
     if len(options) != len(prompts):
         raise OptionError("options", f"{len(options)} option sets for {len(prompts)} prompts")
-    runs = [_run(model, tokenizer, p, o, chat, system) for p, o in zip(prompts, options)]
+    runs = []
+    for i, (p, o) in enumerate(zip(prompts, options)):
+        try:
+            runs.append(_run(model, tokenizer, p, o, chat, system))
+        except OptionError:
+            raise
+        except MinigenError as e:   # the prompt itself (too long, an id outside the vocabulary): which one
+            raise PromptError(i, str(e)) from None
     texts, results = [""] * len(runs), [None] * len(runs)
     batch, handles, waiting = Batch(model), {}, [i for i, r in enumerate(runs) if r.options.max_tokens > 0]
     for i in sorted(set(range(len(runs))) - set(waiting)):   # max_tokens 0: done before it starts, as alone
@@ -179,6 +186,14 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
                 if on_done:
                     on_done(results[i])
     return results
+
+
+class PromptError(MinigenError):
+    """A batch's prompt that cannot run: its index (from 0) and why."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"prompt {index + 1}: {message}")
+        self.index, self.message = index, message
 
 
 def _run(model, tokenizer, prompt, options: dict, chat: bool, system: str | None = None) -> Run:
