@@ -115,6 +115,9 @@ def test_batch_refuses_bad_options_naming_them():
         batch_runs(model, tok, ["a", "b"], [{}])
     with pytest.raises(OptionError, match="nucleus"):
         batch_runs(model, tok, ["a"], [{"nucleus": 1}])
+    for option in ({"prompt_lookup": True}, {"draft_model": (model, tok)}, {"record_attention": True}):
+        with pytest.raises(OptionError, match=f"^{next(iter(option))}: not available in a batch"):
+            batch_runs(model, tok, ["a"], option)
 
 
 def test_max_tokens_zero_gives_an_empty_result_without_joining_the_batch():

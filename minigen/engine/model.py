@@ -8,8 +8,9 @@ Shape letters:
     d  head_dim         F  MLP intermediate size
 
 Weights have HF's Linear shape (out, in), in column-major memory, and are applied as x @ w.T (a plain
-GEMM); q/k/v and gate/up are fused at load (checkpoint/weights.py). One function serves every family: the differences are fields of `Config`
-(config.py), which each family sets in checkpoint/families.py. A layer is
+GEMM); q/k/v and gate/up are fused at load (checkpoint/weights.py). One function serves every family:
+the differences are fields of `Config` (config.py), which each family sets in checkpoint/families.py.
+A layer is
 
     h = attn_norm(x)                 [none: OLMo 2]
     a = mixer(h)                     attention over each sequence's own cache, or a recurrence over its
@@ -120,12 +121,11 @@ def run_layers(x: np.ndarray, params: dict, cfg: Config, seqs: list[Seq], start:
     result is wanted, (B, D): the model's final layer then computes its output at those rows alone,
     as llama.cpp does (what the cache keeps it still computes for every row), unless hooks or
     `record` look at every row."""
-    tables = rope_for(cfg, seqs)
-    stop = cfg.n_layers if stop is None else stop
-    for i in range(start, stop):
+    tables, n_rows = rope_for(cfg, seqs), len(x)
+    for i in range(start, cfg.n_layers if stop is None else stop):
         last = last_only and i == cfg.n_layers - 1 and record is None and not hooks
         x = layer(x, params["layers"][i], cfg, i, seqs, tables.get(rope_of(cfg, i)), record, hooks, last)
-    if parallel.threads_for(len(x)) > 1:
+    if parallel.threads_for(n_rows) > 1:   # a long prompt's (the final layer may have kept one row)
         parallel.release_free_heap()
     if last_only and len(x) > len(seqs):
         x = x[last_rows(seqs)]                                               # (B, D)

@@ -163,11 +163,14 @@ def batch_runs(model, tokenizer, prompts: Sequence, options: Sequence[dict] | di
         except MinigenError as e:   # the prompt itself (too long, an id outside the vocabulary): which one
             raise PromptError(i, str(e)) from None
     texts, results = [""] * len(runs), [None] * len(runs)
-    batch, handles, waiting = Batch(model), {}, [i for i, r in enumerate(runs) if r.options.max_tokens > 0]
-    for i in sorted(set(range(len(runs))) - set(waiting)):   # max_tokens 0: done before it starts, as alone
-        results[i] = Result(i, "", [], "length", runs[i])
-        if on_done:
-            on_done(results[i])
+    batch, handles, waiting = Batch(model), {}, []
+    for i, r in enumerate(runs):
+        if r.options.max_tokens:
+            waiting.append(i)
+        else:   # max_tokens 0: done before it starts, as alone (a batch step would give it a token)
+            results[i] = Result(i, "", [], "length", r)
+            if on_done:
+                on_done(results[i])
     while waiting or handles:
         while waiting and (max_batch is None or len(handles) < max_batch):
             i = waiting.pop(0)
@@ -199,14 +202,19 @@ class PromptError(MinigenError):
 def _run(model, tokenizer, prompt, options: dict, chat: bool, system: str | None = None) -> Run:
     if not isinstance(options, dict):
         raise OptionError("options", f"should be an object of options, got {short(options, 40)}")
-    r = Run.from_prompt(model, tokenizer, prompt, chat=chat, system=system, **options)
-    if r.drafter is not None:
-        raise OptionError("prompt_lookup" if r.options.prompt_lookup else "draft_model",
-                          "speculative decoding is not available in a batch yet")
-    return r
+    check_batchable(options)
+    return Run.from_prompt(model, tokenizer, prompt, chat=chat, system=system, **options)
 
 
-NOT_IN_A_BATCH = ("prompt_lookup", "draft_model", "record_attention")   # options a batch file's line cannot set
+NOT_IN_A_BATCH = ("prompt_lookup", "draft_model", "record_attention")   # options a batched prompt cannot set
+
+
+def check_batchable(options: dict) -> None:
+    """OptionError naming the first option set that a batch cannot run (NOT_IN_A_BATCH)."""
+    name = next((n for n in NOT_IN_A_BATCH if options.get(n) not in (None, False)), None)
+    if name:
+        raise OptionError(name, "not available in a batch (speculative decoding and attention dumps run one "
+                                "prompt at a time: minigen generate)")
 
 
 def read_batch_file(path: str | Path) -> tuple[list, list[dict], list[int]]:
@@ -248,11 +256,8 @@ def json_line(line: str) -> tuple:
         if name in obj:
             raise MinigenError(f"{request}: give it or {name}, not both")
         obj[name] = obj.pop(request)
-    alone = next((name for name in NOT_IN_A_BATCH if obj.get(name) not in (None, False)), None)
-    if alone:
-        raise MinigenError(f"{alone}: not available in a batch (speculative decoding and attention dumps run "
-                           f"one prompt at a time: minigen generate)")
     try:
+        check_batchable(obj)
         Options.of(**obj)
     except OptionError as e:
         raise MinigenError(f"{spelled.get(e.option, e.option)}: {e.message}") from None

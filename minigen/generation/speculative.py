@@ -122,10 +122,11 @@ class Policy:
         self.calls += 1
         if best_k:
             self.probe_gap = self.PROBE_EVERY
-        elif available > 0 and self.calls >= self.next_probe and self.could_pay():
+        elif available > 0 and self.calls >= self.next_probe:   # could_pay() once a gap, not every token
             self.next_probe = self.calls + self.probe_gap
-            self.probe_gap = min(2 * self.probe_gap, self.PROBE_MAX)
-            return min(available, self.max_draft, 4)
+            if self.could_pay():
+                self.probe_gap = min(2 * self.probe_gap, self.PROBE_MAX)
+                return min(available, self.max_draft, 4)
         return best_k
 
     def could_pay(self) -> bool:
