@@ -268,6 +268,24 @@ def test_pooled_decode_attention_equals_each_sequence_alone(window, scale, cap):
         np.testing.assert_allclose(out[b], ref[:, 0], atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 12])
+@pytest.mark.parametrize("gemv", [True, False])
+def test_rows_times_is_the_matrix_product(rows, gemv, monkeypatch):
+    # a decode step's few query heads per KV head go through one GEMV each (np.vecmat), more rows
+    # (or a NumPy without vecmat) through the GEMM: either way a @ m, on strided views as the cache hands out
+    from minigen.engine import attention
+    if not gemv:
+        monkeypatch.setattr(attention, "VECMAT", None)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, rows, 8)).astype(np.float32)              # (P, KV, R, d)
+    keys_t = rng.standard_normal((2, 3, 8, 40)).astype(np.float32)[..., :29]   # (P, KV, d, S), rows of stride 40
+    values = rng.standard_normal((2, 3, 40, 8)).astype(np.float32)[:, :, :29]  # (P, KV, S, d)
+    scores = attention.rows_times(a, keys_t)
+    np.testing.assert_allclose(scores, a.astype(np.float64) @ keys_t, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(attention.rows_times(scores, values), scores.astype(np.float64) @ values,
+                               rtol=1e-5, atol=1e-4)
+
+
 def test_pool_slots_keep_their_rows_through_growth_release_and_reuse():
     from minigen.engine.cache import KVPool
     pool = KVPool(n_kv=2, head_dim=3, slots=1, capacity=2)
