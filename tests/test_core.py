@@ -147,9 +147,10 @@ def test_tied_and_untied_lm_head(tmp_path):
     assert not np.allclose(both.logits(ids), tied.logits(ids))
 
 
-def test_projections_are_column_major_with_the_files_values(tmp_path, monkeypatch):
-    """Every matrix a forward applies as x @ w.T is laid out column-major (w.T C-contiguous), with the
-    values the file holds, whole and in small blocks over both threads; norms stay memory-mapped."""
+def test_projections_are_laid_out_with_the_files_values(tmp_path, monkeypatch):
+    """Every matrix a forward applies as x @ w.T is laid out column-major (w.T C-contiguous), but the
+    down projection (more inputs than outputs) row-major, with the values the file holds, whole and in
+    small blocks over both threads; norms stay memory-mapped."""
     from minigen.checkpoint import weights as W
     weights = tiny_checkpoint.tensors()
     path = tiny_checkpoint.write(tmp_path / "ckpt", weights=weights)
@@ -162,27 +163,31 @@ def test_projections_are_column_major_with_the_files_values(tmp_path, monkeypatc
         np.testing.assert_array_equal(layer["wqkv"], np.concatenate([q, k, v]))
         np.testing.assert_array_equal(layer["w_down"], weights["model.layers.1.mlp.down_proj.weight"])
         np.testing.assert_array_equal(model.params["lm_head"], weights["model.embed_tokens.weight"])
-        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+        for name in ("wqkv", "wo", "w_gate_up"):
             assert layer[name].T.flags.c_contiguous, name
+        assert layer["w_down"].shape[1] > layer["w_down"].shape[0] and layer["w_down"].flags.c_contiguous
         assert model.params["lm_head"].T.flags.c_contiguous and model.params["lm_head"] is model.params["embed"]
         assert not layer["attn_norm"].flags.owndata   # a view on the file's mapping
     np.testing.assert_array_equal(whole.logits(np.arange(6)), blocks.logits(np.arange(6)))
 
 
-def test_every_fixtures_projections_are_column_major():
+def test_every_fixtures_projections_are_laid_out():
     """Over every family's fixture (experts, GPT-2's transposed Conv1D, fused and per-head-fixed
-    matrices, tied and untied heads): each COLUMN_MAJOR array is laid out so."""
+    matrices, tied and untied heads): each of the MATRICES is column-major, or row-major where it
+    has more inputs than outputs, and both kinds occur."""
     from pathlib import Path
-    from minigen.checkpoint.weights import COLUMN_MAJOR
+    from minigen.checkpoint.weights import MATRICES
     from minigen.resolve import load_model
-    seen = set()
+    seen, rows = set(), set()
     for config in sorted((Path(__file__).parent / "fixtures").glob("*/config.json")):
         params = load_model(config.parent).params
         for key, w in [("lm_head", params["lm_head"])] + [kv for layer in params["layers"] for kv in layer.items()]:
-            if key in COLUMN_MAJOR:
-                assert w.swapaxes(-1, -2).flags.c_contiguous, (config.parent.name, key)
+            if key in MATRICES:
+                wide = w.ndim == 2 and w.shape[1] > w.shape[0]
+                assert (w.flags.c_contiguous if wide else w.swapaxes(-1, -2).flags.c_contiguous), (config.parent.name, key)
                 seen.add(key)
-    assert seen == COLUMN_MAJOR
+                rows |= {key} if wide else set()
+    assert seen == MATRICES and {"w_down", "wo"} <= rows
 
 
 def test_bfloat16_and_float16_are_widened(tmp_path):

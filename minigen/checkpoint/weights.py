@@ -1,12 +1,17 @@
 """How HF tensors become our arrays: safetensors (single or sharded), float32/float16/bfloat16,
 the family's name table and tensor fixes (families.py), shape checks, tied embeddings, fused projections.
 
-Layout convention: every projection has HF's Linear shape, `(out, in)`, and is applied as `x @ w.T`.
-Its memory is column-major (`w.T` is C-contiguous, `(in, out)`), so that BLAS multiplies x by
-w.T without a transpose (COLUMN_MAJOR): on OpenBLAS 0.3.31 (AMD EPYC, AVX2) a forward of 8 rows
-after 150 tokens took 86 ms against 109 with HF's row-major memory, one row 50 against 54, a
-512-token prompt 1.29 s against 1.60. GPT-2's Conv1D weights, stored `(in, out)`, are transposed
-to `(out, in)` by their fix (families.FIXES, which the GGUF converter shares), then laid out.
+Layout convention: every projection has HF's Linear shape, `(out, in)`, and is applied as `x @ w.T`
+(MATRICES). Its memory is column-major (`w.T` is C-contiguous, `(in, out)`), so that BLAS multiplies
+x by w.T without a transpose: on OpenBLAS 0.3.31 (AMD EPYC, AVX2) a forward of 8 rows after 150
+tokens took 86 ms against 109 with HF's row-major memory, one row 50 against 54, a 512-token prompt
+1.29 s against 1.60. Except a 2-D matrix with more inputs than outputs (the MLP's down projection,
+an output projection from wider heads), which stays row-major (`column_major_for`): a decode step's
+GEMV then takes each output as one long dot product, in ~0.5-0.6x the time (SmolLM2's 576 x 1536
+down projection 156 us against 293; 1024 x 4608, 575 against 1052; 896 x 4864, 539 against 1147),
+16 rows 0.85-0.95x (once 1.10), a 512-row prompt chunk within 5 % either way. GPT-2's Conv1D
+weights, stored `(in, out)`, are transposed to `(out, in)` by their fix (families.FIXES, which the
+GGUF converter shares), then laid out.
 q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into one `(2 * inter, in)` matrix,
 read into their rows of one buffer (a checkpoint that stores them fused, like Phi-3's, is read as
 it is). The matrices are read, not memory-mapped, and laid out once at load (SmolLM2-135M's 538 MB
@@ -440,11 +445,11 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
 def load_params(path: Path, cfg: Config, family) -> dict:
     """All weights as float32 arrays: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}."""
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
-    tied = "lm_head" not in glob   # the embedding doubles as the output projection: one column-major array
-    params = {k: _read(s, cfg, family, k, k in COLUMN_MAJOR or (tied and k == "embed")) for k, s in glob.items()}
+    tied = "lm_head" not in glob   # the embedding doubles as the output projection: one array, laid out as it
+    params = {k: _read(s, cfg, family, k, k in MATRICES or (tied and k == "embed")) for k, s in glob.items()}
     if tied:
         params["lm_head"] = params["embed"]
-    params["layers"] = [scaled({k: _read(s, cfg, family, k, k in COLUMN_MAJOR) for k, s in srcs.items()}, cfg)
+    params["layers"] = [scaled({k: _read(s, cfg, family, k, k in MATRICES) for k, s in srcs.items()}, cfg)
                         for srcs in layers]
     return params
 
@@ -467,9 +472,10 @@ def scaled(layer: dict, cfg: Config) -> dict:
 
 def _read(src: Source, cfg: Config, family, key: str, matrix: bool) -> np.ndarray:
     """One canonical tensor as float32: a single float32 part is memory-mapped unless it is a `matrix`
-    (kept column-major: read, then laid out); parts are read straight into their rows of one buffer;
-    then the family's fix, the norm offset, and a matrix's layout."""
-    if matrix and not src.fix:
+    (read, then laid out as `column_major_for` says); parts are read straight into their rows of one
+    buffer; then the family's fix, the norm offset, and a matrix's layout."""
+    column = matrix and column_major_for(src.shape)
+    if column and not src.fix:
         return _read_column_major(src)
     if len(src.refs) == 1:
         ref = src.refs[0]
@@ -484,12 +490,18 @@ def _read(src: Source, cfg: Config, family, key: str, matrix: bool) -> np.ndarra
         w = FIXES[src.fix](w, cfg)
     if family.norm_offset and "norm" in key and not key.endswith("_b") and key not in family.plain_norms:
         w = w + np.float32(family.norm_offset)  # (1 + w) computed once, in float32 as HF does
-    return column_major(w) if matrix else w
+    return column_major(w) if column else np.ascontiguousarray(w) if matrix else w
 
 
-# What a forward pass applies as x @ w.T (with the lm_head, and a tied embedding): kept column-major.
-COLUMN_MAJOR = {"lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out", "router",
-                "experts_gate_up", "experts_down"}
+# What a forward pass applies as x @ w.T (with the lm_head, and a tied embedding): read, and laid out.
+MATRICES = {"lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out", "router",
+            "experts_gate_up", "experts_down"}
+
+
+def column_major_for(shape: tuple) -> bool:
+    """Whether a matrix of `shape` (..., out, in) is kept column-major: all but a 2-D one with more
+    inputs than outputs (see the module's docstring; stacks of experts were not measured: column-major)."""
+    return not (len(shape) == 2 and shape[1] > shape[0])
 LAYOUT_BLOCK = 1 << 19   # elements per block of rows copied: the block's source and target stay in cache
 
 
