@@ -416,8 +416,14 @@ def norm(x: np.ndarray, p: dict, cfg: Config, name: str) -> np.ndarray:
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    y = x @ w.T
+    """x (N, in) @ w.T, w (out, in). A row-major w (checkpoint/weights.column_major_for) times a few
+    rows goes as w @ x.T, which OpenBLAS runs faster there (16 rows of SmolLM2's down projection: 473
+    us against 519; 32 of LFM2-350M's: 3.5 ms against 4.8)."""
+    y = (w @ x.T).T if 1 < len(x) <= FEW_ROWS and w.flags.c_contiguous else x @ w.T
     return y if b is None else y + b
+
+
+FEW_ROWS = 32
 
 
 # --- the loaded model --------------------------------------------------------------------------------
