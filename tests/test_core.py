@@ -250,13 +250,15 @@ def test_long_prompt_cached_equals_uncached_with_sliding_window(tmp_path):
 
 
 @pytest.mark.parametrize("window,scale,cap", [(None, None, None), (5, None, None), (None, 0.7, 2.0), (3, 0.7, 2.0)])
-def test_pooled_decode_attention_equals_each_sequence_alone(window, scale, cap):
-    # five sequences of different lengths in slots 4, 0, 2, 7, 5 of a pool of 8 (holes at 1, 3, 6);
-    # past each slot's length (and in the holes) lie large stale values: none may reach an output
+@pytest.mark.parametrize("slots", [(4, 0, 2, 7, 5), (2, 3, 4, 5, 6)])
+def test_pooled_decode_attention_equals_each_sequence_alone(window, scale, cap, slots):
+    # five sequences of different lengths in slots 4, 0, 2, 7, 5 of a pool of 8 (holes at 1, 3, 6), or
+    # in slots 2..6 in order (no holes); past each slot's length (and in the holes) lie large stale
+    # values: none may reach an output
     from minigen.engine.attention import pooled_decode_attention
     rng = np.random.default_rng(1)
     P, H, KV, d, C = 8, 6, 2, 4, 16
-    slots, lengths = np.array([4, 0, 2, 7, 5]), np.array([9, 1, 16, 4, 12])
+    slots, lengths = np.array(slots), np.array([9, 1, 16, 4, 12])
     keys_t = 1e3 * rng.standard_normal((P, KV, d, C)).astype(np.float32)
     values = 1e3 * rng.standard_normal((P, KV, C, d)).astype(np.float32)
     q = rng.standard_normal((len(slots), H, d)).astype(np.float32)

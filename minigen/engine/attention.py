@@ -156,18 +156,29 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d)."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
     lo, hi, S = int(slots.min()), int(slots.max()) + 1, int(lengths.max())
-    qs = np.zeros((hi - lo, KV, H // KV, d), np.float32)                     # (P', KV, G, d)
-    qs[slots - lo] = q.reshape(B, KV, H // KV, d) * query_factor(d, scale, softcap)
+    rows = slots - lo
+    in_order = B == hi - lo and bool((rows == np.arange(B)).all())           # every slot lo..hi-1, in order
+    qs = q.reshape(B, KV, H // KV, d) * query_factor(d, scale, softcap)      # (B, KV, G, d)
+    if not in_order:
+        qs, rest = np.zeros((hi - lo, KV, H // KV, d), np.float32), qs       # (P', KV, G, d)
+        qs[rows] = rest
     scores = rows_times(qs, keys_t[lo:hi, :, :, :S])                          # (P', KV, G, S)
     capped(scores, softcap)
-    pos = np.arange(S)
-    visible = np.zeros((hi - lo, S), bool)                                   # (P', S)
-    visible[slots - lo] = pos < lengths[:, None]
-    if window is not None:
-        visible[slots - lo] &= lengths[:, None] - 1 - pos < window
-    np.copyto(scores, NEG, where=~visible[:, None, None])
+    np.copyto(scores, NEG, where=hidden_keys(tuple(rows.tolist()), tuple(lengths.tolist()), hi - lo, S, window))
     out, _ = softmax_times(scores, values[lo:hi, :, :S])                      # (P', KV, G, d)
-    return out[slots - lo].reshape(B, H, -1)                                  # (B, H, d)
+    return (out if in_order else out[rows]).reshape(B, H, -1)                 # (B, H, d)
+
+
+@lru_cache(maxsize=8)   # every attention layer of a decode step asks the same (a sliding one, with its window)
+def hidden_keys(rows: tuple, lengths: tuple, P: int, S: int, window: int | None) -> np.ndarray:
+    """(P, 1, 1, S): True where slot row r of a pooled product may not look: past its sequence's length
+    (lengths[i] for rows[i]), outside its window, or every position of a row no sequence holds."""
+    pos, rows, lengths = np.arange(S), np.array(rows), np.array(lengths)[:, None]
+    visible = np.zeros((P, S), bool)
+    visible[rows] = pos < lengths
+    if window is not None:
+        visible[rows] &= lengths - 1 - pos < window
+    return ~visible[:, None, None]
 
 
 def rows_times(a: np.ndarray, m: np.ndarray) -> np.ndarray:
