@@ -502,6 +502,8 @@ def column_major_for(shape: tuple) -> bool:
     """Whether a matrix of `shape` (..., out, in) is kept column-major: all but a 2-D one with more
     inputs than outputs (see the module's docstring; stacks of experts were not measured: column-major)."""
     return not (len(shape) == 2 and shape[1] > shape[0])
+
+
 LAYOUT_BLOCK = 1 << 19   # elements per block of rows copied: the block's source and target stay in cache
 
 
