@@ -215,11 +215,17 @@ def test_bfloat16_and_float16_are_widened(tmp_path):
 
 @pytest.mark.parametrize("offset,window,scale,cap", [(0, None, None, None), (7, None, None, None), (0, 20, None, None),
                                                      (5, 70, None, None), (0, 1, None, None), (3, None, 0.7, None),
-                                                     (0, 30, 0.7, 2.0)])
-def test_blocked_causal_attention_equals_one_masked_softmax(offset, window, scale, cap):
+                                                     (0, 30, 0.7, 2.0), (90, 100, None, None)])
+@pytest.mark.parametrize("tiles", [False, True])
+def test_blocked_causal_attention_equals_one_masked_softmax(offset, window, scale, cap, tiles, monkeypatch):
     # 150 query rows span three blocks; keys a block cannot see are skipped, not masked; each block
-    # takes its softmax in base 2 (with the scale and Gemma 2's soft-cap folded in), `attend` in e
+    # takes its softmax in base 2 (with the scale and Gemma 2's soft-cap folded in), `attend` in e.
+    # With tiles, every block's keys go 64 at a time through the online softmax (_attend_tiles): rows
+    # whose window starts past a tile see nothing in it, the diagonal's mask spans tiles
+    from minigen.engine import attention
     from minigen.engine.attention import BLOCK, causal_attention
+    if tiles:
+        monkeypatch.setattr(attention, "TILE", 64)
     rng = np.random.default_rng(0)
     H, KV, T, d = 6, 2, 2 * BLOCK + 22, 8
     q = rng.standard_normal((H, T, d)).astype(np.float32)
@@ -232,7 +238,11 @@ def test_blocked_causal_attention_equals_one_masked_softmax(offset, window, scal
     np.testing.assert_allclose(out, ref_out, atol=1e-5)
     assert np.all(weights[ref_w == 0] == 0)
     out2, none = causal_attention(q, k, v, offset, window, scale=scale, softcap=cap)
-    assert none is None and np.array_equal(out, out2)
+    assert none is None
+    if tiles:   # the weights' path is never tiled: the same outputs to rounding
+        np.testing.assert_allclose(out2, ref_out, atol=1e-5)
+    else:
+        assert np.array_equal(out, out2)
 
 
 def test_long_prompt_cached_equals_uncached_with_sliding_window(tmp_path):

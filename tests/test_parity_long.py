@@ -34,6 +34,16 @@ def test_long_prompt_logits_and_attention(case):
     assert np.abs(rows - ref["attn_rows"]).max() <= 1e-5
 
 
+def test_long_prompt_logits_with_keys_in_tiles(case, monkeypatch):
+    # every block's keys 64 at a time through the online softmax (attention._attend_tiles), as a
+    # prompt of thousands of tokens runs, against transformers on this one
+    from minigen.engine import attention
+    model, ref = case
+    monkeypatch.setattr(attention, "TILE", 64)
+    logits = model.forward(ref["input_ids"], model.make_cache())
+    assert np.abs(logits[ref["positions"]] - ref["logits"]).max() <= 1e-4
+
+
 def test_long_prompt_greedy(case):
     model, ref = case
     assert greedy(model, ref["input_ids"], len(ref["greedy_ids"]))[0] == ref["greedy_ids"].tolist()
