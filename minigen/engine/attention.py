@@ -169,7 +169,8 @@ def _attend_tiles(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     width = max(64, TILE // R)                                               # keys per tile
     out = np.empty((KV, R, v.shape[-1]), np.float32)
     for h in range(KV):
-        top = total = acc = None                                             # (R, 1), (R, 1), (R, d)
+        top = np.full((R, 1), NEG, np.float32)                               # the largest score so far
+        total, acc = np.zeros((R, 1), np.float32), np.zeros((R, v.shape[-1]), np.float32)
         for start in range(0, S, width):
             stop = min(S, start + width)
             scores = q[h] @ k[h, start:stop].T                               # (R, t)
@@ -178,20 +179,15 @@ def _attend_tiles(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
                 first = max(start, S - M)
                 rows = scores.reshape(G, -1, stop - start)                   # (G, B, t): the mask broadcast over heads
                 np.copyto(rows[..., first - start:], NEG, where=~mask[:, first - (S - M):stop - (S - M)])
-            peak = scores.max(axis=-1, keepdims=True)                        # (R, 1)
-            if top is not None:
-                peak = np.maximum(top, peak)
-                shrink = EXP(top - peak)                                     # the sums so far, against the new max
-                total *= shrink
-                acc *= shrink
+            peak = np.maximum(top, scores.max(axis=-1, keepdims=True))       # (R, 1)
+            shrink = EXP(top - peak)                                         # the sums so far against the new max (0 at first)
+            total *= shrink
+            acc *= shrink
             top = peak
             scores -= top
             EXP(scores, out=scores)
-            if total is None:
-                total, acc = scores.sum(axis=-1, keepdims=True), scores @ v[h, start:stop]
-            else:
-                total += scores.sum(axis=-1, keepdims=True)
-                acc += scores @ v[h, start:stop]
+            total += scores.sum(axis=-1, keepdims=True)
+            acc += scores @ v[h, start:stop]                                 # (R, d)
         np.divide(acc, total, out=out[h])
     return out
 
