@@ -190,6 +190,25 @@ def test_every_fixtures_projections_are_laid_out():
     assert seen == MATRICES and {"w_down", "wo"} <= rows
 
 
+def test_linear_of_every_row_count_equals_the_product_in_float64():
+    """linear() computes 4-7, 12-15, ... rows as a multiple of 8 (padded with zero rows): for every
+    row count, both layouts and a bias, each row equals x @ w.T + b, none of the padding shows, and
+    the rounding is as the row count's own."""
+    from minigen.engine.model import FEW_ROWS, linear, padded_rows
+    assert [padded_rows(n) for n in (2, 3, 4, 7, 8, 9, 11, 12, 15, 16, 17, 20, 28, 31)] == \
+        [2, 3, 8, 8, 8, 9, 11, 16, 16, 16, 17, 24, 32, 32]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    for n in range(1, FEW_ROWS + 2):
+        x = rng.standard_normal((n, 24)).astype(np.float32)
+        want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+        for layout in (np.ascontiguousarray(w), np.asfortranarray(w)):
+            y = linear(x, layout, b)
+            assert y.shape == (n, 40) and y.dtype == np.float32
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
 def test_bfloat16_and_float16_are_widened(tmp_path):
     import json
     weights = tiny_checkpoint.tensors()

@@ -37,11 +37,13 @@ from ..engine.model import hidden, unembed
 from ..errors import MinigenError
 from .sampling import Processor, categorical
 
-KS = (0, 1, 2, 3, 4, 6, 8, 12, 16)   # draft lengths the policy chooses among
+KS = tuple(range(17))   # draft lengths the policy chooses among
 # forward(r rows) / forward(1 row) for SmolLM2-135M after a 150-token prompt (scripts/bench.py --spec,
-# AMD EPYC: 1.78-1.81 at 2 rows, 1.92-2.06 at 4, 1.90-1.96 at 8, 2.38-2.40 at 16; between, interpolated);
+# AMD EPYC: 1.7-1.9 at 2 rows, 1.8-2.1 at 4 to 8, 2.0-2.3 at 9, 2.3-2.5 at 13 to 16; products of 4-7
+# and 12-15 rows are computed as 8 and 16, engine/model.padded_rows; between, the nearest size);
 # replaced by the times measured during the run once a size has been tried
-PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 5: 2.0, 7: 2.0, 9: 2.0, 13: 2.2, 17: 2.4}
+PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 8: 2.0, 9: 2.1, 10: 2.2, 12: 2.4, 16: 2.4, 17: 2.7}
+PROBE = 7   # drafts a probe verifies: 8 rows, which cost what 5 do (padded_rows)
 
 
 def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
@@ -97,7 +99,7 @@ class Policy:
     """The number of drafts to verify (see the module's docstring): acceptance rates per kind of guess,
     forward times per row count, and the cost of drafting one token (a draft model's forward). While
     no draft pays at the rates seen, a forward now and then still verifies a few (the 8th, then one in
-    PROBE_EVERY, the gap doubling while they do not pay: a forward of PRIOR_COST[5] ~ 2x, a few % at
+    PROBE_EVERY, the gap doubling while they do not pay: a forward of PRIOR_COST[8] ~ 2x, a few % at
     most), so that the costs of this machine and model get measured; and none once even drafts always
     kept could not pay at the costs measured (a draft model as slow as the model itself)."""
 
@@ -126,7 +128,7 @@ class Policy:
             self.next_probe = self.calls + self.probe_gap
             if self.could_pay():
                 self.probe_gap = min(2 * self.probe_gap, self.PROBE_MAX)
-                return min(available, self.max_draft, 4)
+                return min(available, self.max_draft, PROBE)
         return best_k
 
     def could_pay(self) -> bool:
