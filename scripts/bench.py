@@ -403,7 +403,7 @@ def section_spec(args, hf: bool):
         print("\n| k new tokens | " + " | ".join(map(str, FORWARD_KS)) + " |\n|---|" + "---|" * len(FORWARD_KS))
         print("| forward ms | " + " | ".join(f"{1000 * fk[str(k)]:.1f}" for k in FORWARD_KS) + " |")
         print("| forward(k) / forward(1) | " + " | ".join(f"{fk[str(k)] / fk['1']:.2f}" for k in FORWARD_KS) + " |")
-        print(f"\nSmolLM2-135M float32 after a 150-token prompt, medians of {max(args.rounds, 3) * 3} rounds; "
+        print(f"\n{Path(args.model).name} float32 after a 150-token prompt, medians of {max(args.rounds, 3) * 3} rounds; "
               f"{args.threads} threads")
     mg = run_worker("lookup", sys.executable, args)
     tf = run_worker("lookup-hf", args.hf_python, args) if hf else None
@@ -413,9 +413,18 @@ def section_spec(args, hf: bool):
     grounded = [r["lookup"]["tps"] / r["plain"]["tps"] for n, r in mg.items() if n != "free-form"]
     print(f"\ntokens/s of decoding ({args.gen_tokens} greedy tokens, EOS ignored) after the chat-templated prompt; "
           f"grounded tasks' mean speed-up {statistics.mean(grounded):.2f}×")
+    if tf:
+        print("minigen's greedy tokens against transformers': " + "; ".join(
+            f"{name} " + first_difference(r["plain"]["tokens"], tf[name]["plain"]["tokens"]) for name, r in mg.items()))
     if args.draft_model:
         spec_table(mg, tf, "draft", "draft model", "transformers assistant_model")
         print(f"\n{Path(args.model).name} drafted by {Path(args.draft_model).name}: tokens/s of decoding as above")
+
+
+def first_difference(a: list, b: list) -> str:
+    """'identical', or where two token lists first differ."""
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return "identical" if at is None and len(a) == len(b) else f"differ from token {at if at is not None else min(len(a), len(b))}"
 
 
 def spec_table(mg: dict, tf: dict | None, mode: str, label: str, hf_label: str):

@@ -200,6 +200,32 @@ def test_policy_probes_ever_less_while_drafts_do_not_pay_and_never_when_they_can
     assert cheap.could_pay() and cheap.choose("draft", 16) >= 8
 
 
+def test_a_probe_that_keeps_its_drafts_is_followed_by_another_soon():
+    """A draft model learns its acceptance rate only from the drafts it verifies: a probe that kept
+    most of them brings the next probe within PROBE_SOON forwards (not a doubled gap), until the rate
+    pays; one that kept few leaves the gap to grow."""
+    costs = {1: 1.0, 2: 1.8, 8: 2.4, 16: 2.9}   # a slow k-row forward: one probe's 0.84 does not pay
+    good = S.Policy(16, draft_cost=0.35)
+    good.seconds = dict(costs)
+    chosen = []
+    for call in range(1, 60):
+        k = good.choose("draft", 16)
+        chosen.append(k)
+        if k:
+            good.observe("draft", k, k)   # every draft kept
+    first = chosen.index(S.PROBE) + 1
+    assert first == 8 and chosen[first:first + S.Policy.PROBE_SOON].count(0) < S.Policy.PROBE_SOON
+    assert all(chosen[-10:]), chosen   # the rate now pays: it drafts on every forward
+    bad = S.Policy(16, draft_cost=0.35)
+    bad.seconds = dict(costs)
+    calls = []
+    for call in range(1, 400):
+        if k := bad.choose("draft", 16):
+            calls.append(call)
+            bad.observe("draft", 1, k)   # one of 7 kept
+    assert calls == [8, 72, 200], calls
+
+
 def test_a_draft_tokens_cost_leaves_out_catching_up_with_the_context(monkeypatch):
     model, tok, ids = fixture("llama_gqa3")
     clock = [0.0]
