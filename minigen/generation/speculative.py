@@ -154,9 +154,9 @@ class Policy:
     def observe(self, kind, accepted: int, drafted: int):
         """A draft of `drafted` guesses whose first `accepted` were kept: position by position. A probe
         that kept half its drafts or more is followed by another soon, not after a doubled gap: the
-        rate one probe leaves (a prior of 0.5 and 7 kept drafts give 0.84) may still fall short of
-        paying where it truly would (a draft model kept 100 % of the time whose first probe's forward
-        happened to run slow then stopped drafting for good: it drafts only when a probe says so)."""
+        rate one probe leaves (a prior of 0.5 and 7 kept drafts give 0.84) can fall short of paying
+        where drafting would, and a draft model learns its rate only from the drafts it verifies (a
+        pair kept 100 % of the time, whose first probe's forward ran slow, had stopped drafting for good)."""
         if self.probed and drafted:
             self.probed = False
             if 2 * accepted >= drafted:
