@@ -600,8 +600,7 @@ def hybrid_report(rows: list, args):
         if runs["minigen"] and runs["transformers"]:
             for n in map(str, args.lengths):
                 a, b = runs["minigen"][-1]["lengths"][n]["tokens"], runs["transformers"][-1]["lengths"][n]["tokens"]
-                same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                print(f"{name}: greedy tokens after {n}: " + ("identical" if same is None else f"differ from token {same}"))
+                print(f"{name}: greedy tokens after {n}: " + first_difference(a, b))
 
 
 # --- routed experts (--moe): prefill of a GraniteMoE checkpoint against transformers --------------------------
@@ -834,9 +833,7 @@ def report(summary: dict, runs: dict, args):
     if runs.get("minigen") and runs.get("transformers"):
         for n in map(str, args.lengths):
             a, b = runs["minigen"][-1]["lengths"][n]["tokens"], runs["transformers"][-1]["lengths"][n]["tokens"]
-            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            print(f"greedy tokens after {n}: " + ("identical" if same is None else f"differ from token {same}")
-                  + f" ({len(a)} tokens)")
+            print(f"greedy tokens after {n}: " + first_difference(a, b) + f" ({len(a)} tokens)")
 
 
 def main():

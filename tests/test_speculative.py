@@ -213,7 +213,7 @@ def test_a_probe_that_keeps_its_drafts_is_followed_by_another_soon():
         chosen.append(k)
         if k:
             good.observe("draft", k, k)   # every draft kept
-    first = chosen.index(S.PROBE) + 1
+    first = chosen.index(S.Policy.PROBE) + 1
     assert first == 8 and chosen[first:first + S.Policy.PROBE_SOON].count(0) < S.Policy.PROBE_SOON
     assert all(chosen[-10:]), chosen   # the rate now pays: it drafts on every forward
     bad = S.Policy(16, draft_cost=0.35)

@@ -43,7 +43,6 @@ KS = tuple(range(17))   # draft lengths the policy chooses among
 # and 12-15 rows are computed as 8 and 16, engine/model.padded_rows; between, the nearest size);
 # replaced by the times measured during the run once a size has been tried
 PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 8: 2.0, 9: 2.1, 10: 2.2, 12: 2.4, 16: 2.4, 17: 2.7}
-PROBE = 7   # drafts a probe verifies: 8 rows, which cost what 5 do (padded_rows)
 
 
 def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
@@ -105,6 +104,7 @@ class Policy:
 
     PROBE_EVERY, PROBE_MAX = 64, 1024   # forwards between probes; twice as many after each that did not pay
     PROBE_SOON = 8   # forwards to the next probe after one that kept at least half its drafts
+    PROBE = 7        # drafts a probe verifies: 8 rows, which cost what 5 do (engine/model.padded_rows)
 
     def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
         self.max_draft, self.draft_cost = max_draft, draft_cost
@@ -131,7 +131,7 @@ class Policy:
             if self.could_pay():
                 self.probe_gap = min(2 * self.probe_gap, self.PROBE_MAX)
                 self.probed = True
-                return min(available, self.max_draft, PROBE)
+                return min(available, self.max_draft, self.PROBE)
         return best_k
 
     def could_pay(self) -> bool:
