@@ -12,7 +12,12 @@ A page's examples are its fenced blocks:
     ```
 
 An expected output line matches an actual one when its text is equal and its numbers agree: integers
-exactly, decimals to one unit of their last printed digit (threads may round the last digit either way).
+exactly (token ids, counts, ranks), decimals to what float32 allows: one unit of their last printed digit or
+1e-4 of their value, whichever is larger. A page is written on one CPU and checked on others, whose BLAS and
+NumPy kernels sum in another order: logits differ by ~1e-6 of their scale, a log-prob total or a perplexity
+over a page's tokens by ~1e-5 of its value (-36.8725 against -36.8726, 39.9349 against 39.9352, seen between
+AMD and Intel), so the last printed digit of an aggregate is not the page's to promise. What the examples are
+for is that the pages stay true to the program; equality with transformers and llama.cpp is the parity tests'.
 Marks for what is not deterministic or too long to show: a line `...` stands for any number of lines
 (none included), `…` inside a line for any text in it; a last line `[exit N]` says the command exits
 with N (otherwise 0). An HTML comment `<!-- not run: REASON -->` on the line before a block exempts it
@@ -117,13 +122,17 @@ def line_pattern(expected: str) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(parts)), numbers
 
 
+RELATIVE = 1e-4   # ten times the spread of a float32 aggregate between CPUs (the docstring)
+
+
 def close(shown: str, got: str) -> bool:
     if "." not in shown and "e" not in shown.lower():
         return shown.lstrip("+") == got.lstrip("+")
     mantissa = shown.lower().split("e")[0]
     digits = len(mantissa.split(".")[1]) if "." in mantissa else 0
     exponent = int(shown.lower().split("e")[1]) if "e" in shown.lower() else 0
-    return abs(float(shown) - float(got)) <= 1.001 * 10.0 ** (exponent - digits)
+    unit = 10.0 ** (exponent - digits)
+    return abs(float(shown) - float(got)) <= max(1.001 * unit, RELATIVE * abs(float(shown)))
 
 
 def line_matches(expected: str, actual: str) -> bool:
@@ -284,6 +293,10 @@ def test_matching_rules():
     assert not line_matches("37 tokens", "38 tokens") and not line_matches("head 6", "head 7")
     assert line_matches("max 2.8e-06", "max 2.9e-06") and not line_matches("max 2.8e-06", "max 4.0e-06")
     assert line_matches("+0.01  -0.03", "+0.02  -0.03") and not line_matches("a b", "a  b")
+    # an aggregate's last digits follow the CPU's summation order; its value does not
+    assert line_matches("total: -36.8726 (perplexity 39.9352)", "total: -36.8725 (perplexity 39.9349)")
+    assert not line_matches("perplexity 39.9352", "perplexity 39.9452") and not line_matches("-0.0050", "-0.0052")
+    assert not line_matches("rank 33, 4 tokens", "rank 33, 5 tokens") and not line_matches("id 7042", "id 7043")
     assert output_matches(["a", "...", "z"], ["a", "b", "c", "z"]) and output_matches(["a", "...", "z"], ["a", "z"])
     assert not output_matches(["a", "z"], ["a", "b", "z"]) and not output_matches(["a"], ["a", "b"])
     block = Block(Path("x.md"), 1, "console", ["$ minigen a \\", "  --b", "out", "[exit 2]", "$ minigen c"])

@@ -93,8 +93,10 @@ def activation(name: str):
 def rope_frequencies(rope: Rope, seq_len: int = 0) -> np.ndarray:
     """inv_freq (rope.dim/2,) in float32, as transformers' rope init functions compute it. `seq_len`
     (the longest position this forward reaches, plus one) picks longrope's short or long factors."""
-    exponents = np.arange(0, rope.dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rope.dim)
-    base = np.float32(rope.theta) ** exponents
+    # theta ** (2i / dim) in float64, rounded once: float32 pow differs by an ulp between NumPy's SIMD paths
+    # (AVX2, AVX-512) and torch's, and the rest below is float32 arithmetic that rounds alike on every CPU
+    exponents = np.arange(0, rope.dim, 2, dtype=np.float64) / rope.dim
+    base = (np.float64(rope.theta) ** exponents).astype(np.float32)
     if rope.kind == "longrope":
         factors = rope.long_factor if seq_len > rope.original_max else rope.short_factor
         return (np.float32(1.0) / (np.asarray(factors, np.float32) * base)).astype(np.float32)
