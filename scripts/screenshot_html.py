@@ -4,22 +4,64 @@ pages render in a real browser. Needs Debian's chromium (`apt-get install -y chr
 the test suite.
 
     python scripts/screenshot_html.py attn.html attn.png [--select 3,2] [--hide] [--size 1600,1000]
+    python scripts/screenshot_html.py attn.html attn.png --view "row=4000" --check
 
 --select L,H opens the page with layer L, head H zoomed (the page reads #layer=L&head=H from the URL);
---view adds more of the hash (vw=1: value-weighted, sqrt=1: sqrt colour scale, row=I: a pinned row).
+--view adds more of the hash (vw=1: value-weighted, sqrt=1: sqrt colour scale, row=I: a pinned row,
+win=Q,K: the window's first query and key on a long prompt's page).
+
+--check also loads the page once more and reads its DOM after the load event: it prints the time from
+navigation to the end of the page's script (its `data-rendered`, performance.now() in ms: parsing the
+HTML and its data, decoding, the grid and the zoomed head drawn), Chromium's whole run for that load,
+and, with row=I in --view, whether the pinned row's weights are shown ("query I" and its top keys);
+it exits 1 if the page did not render or the row is not shown. --budget S fails it past S seconds.
 """
 from __future__ import annotations
 
 import argparse
+import html
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--virtual-time-budget=5000"]
+         "--hide-scrollbars"]
+
+
+def chromium(browser: str, url: str, size: str, *extra: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess, float]:
+    """One headless run of `browser` on `url` with a new empty profile: (the finished process, seconds)."""
+    with tempfile.TemporaryDirectory(prefix="minigen-chromium-") as profile:
+        cmd = [browser, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", *extra, url]
+        start = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return r, time.perf_counter() - start
+
+
+def check(browser: str, url: str, size: str, row: int | None, budget: float | None) -> int:
+    """Load the page, read its DOM: the render time, and the pinned row. 0 if all is well."""
+    r, seconds = chromium(browser, url, size, "--dump-dom")
+    rendered = re.search(r'data-rendered="(\d+)"', r.stdout)
+    info = re.search(r'<div id="info">(.*?)</div>', r.stdout, re.S)
+    if r.returncode != 0 or not rendered:
+        print(f"screenshot_html: the page did not render (chromium {r.returncode}):\n{r.stderr[-2000:]}", file=sys.stderr)
+        return 1
+    ms = int(rendered[1])
+    print(f"rendered in {ms / 1000:.2f} s (navigation to the end of the page's script; chromium's whole run "
+          f"{seconds:.2f} s)")
+    failed = budget is not None and ms / 1000 > budget
+    if failed:
+        print(f"screenshot_html: over the {budget:g} s budget", file=sys.stderr)
+    if row is not None:
+        text = html.unescape(info[1]) if info else ""
+        shown = text.startswith(f"query {row} ") and "\ntop: " in text
+        print(f"pinned row {row}: " + ("shown: " + text.replace("\n", " | ") if shown else "NOT shown"))
+        failed = failed or not shown
+    return 1 if failed else 0
 
 
 def main() -> int:
@@ -30,6 +72,8 @@ def main() -> int:
     ap.add_argument("--hide", action="store_true", help="start with the first token hidden")
     ap.add_argument("--size", default="1600,1000", help="window width,height in pixels")
     ap.add_argument("--view", default="", help="more of the page's URL hash, e.g. vw=1&sqrt=1&row=5")
+    ap.add_argument("--check", action="store_true", help="also time the render and check the pinned row")
+    ap.add_argument("--budget", type=float, help="with --check: fail past this many seconds")
     ap.add_argument("--browser", default=None, help="chromium binary (default: chromium on PATH)")
     a = ap.parse_args()
     browser = a.browser or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,15 +92,15 @@ def main() -> int:
     if a.view:
         frag.append(a.view)
     url = a.html.resolve().as_uri() + ("#" + "&".join(frag) if frag else "")
-    with tempfile.TemporaryDirectory(prefix="minigen-chromium-") as profile:
-        cmd = [browser, *FLAGS, f"--user-data-dir={profile}", f"--window-size={a.size}",
-               f"--screenshot={a.png.resolve()}", url]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r, _ = chromium(browser, url, a.size, "--virtual-time-budget=5000", f"--screenshot={a.png.resolve()}")
     if r.returncode != 0 or not a.png.is_file():
         print(f"screenshot_html: chromium failed ({r.returncode}):\n{r.stderr[-2000:]}", file=sys.stderr)
         return 1
     print(f"wrote {a.png}")
-    return 0
+    if not a.check:
+        return 0
+    row = re.search(r"(?:^|&)row=(\d+)", a.view)
+    return check(browser, url, a.size, int(row[1]) if row else None, a.budget)
 
 
 if __name__ == "__main__":

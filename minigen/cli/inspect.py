@@ -61,8 +61,8 @@ def usage(message: str | None):
 @click.argument("prompt", required=False)
 @shared
 @click.option("--from", "from_path", metavar="DUMP.npz", help="Inspect a dump made by --dump-attention instead.")
-@click.option("--layer", type=int, help="Layer for --token (and the HTML's first view).")
-@click.option("--head", type=int, help="Head for --token (and the HTML's first view).")
+@click.option("--layer", type=int, help="Layer for --token (and the page's first view).")
+@click.option("--head", type=int, help="Head for --token (and the page's first view).")
 @click.option("--token", "token_spec", metavar="I|TEXT",
               help="Query token: index (negative from the end) or text (its last occurrence).")
 @click.option("--key", "key_spec", metavar="I|TEXT",
@@ -78,13 +78,20 @@ def usage(message: str | None):
               help="What comes before the repeats: a token (text or #ID), or none (default: the tokenizer's BOS, if any).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the probe's random tokens.")
 @click.option("--html", "html_path", metavar="OUT.html", help="Write a self-contained page with every head.")
+@click.option("--html-form", type=click.Choice(["auto", "full", "compact"]),
+              help="The page's form: every weight, or each row's strongest keys (default auto: full while it is small).")
+@click.option("--serve", is_flag=True, help="Serve the page on 127.0.0.1 with exact rows on demand (Ctrl-C stops it).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port for --serve (default: a free one, printed).")
 @click.option("--dump-attention", "dump_path", metavar="OUT.npz", help="Save the prompt's attention as .npz.")
 @click.option("--attn-layers", metavar="0,5-7", help="Layers to keep (default all).")
 @click.option("--attn-heads", metavar="0-3", help="Heads to keep (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
+@click.option("--attn-top-k", type=click.IntRange(1, 1024), metavar="K",
+              help="Dump each row's first token and its K strongest other keys instead of every weight.")
+@click.option("--attn-queries", metavar="A-B", help="Dump the full rows of queries A..B only.")
 def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_spec, key_spec, top_k,
-              value_weighted, exclude_first, probe, probe_length, probe_first, seed, html_path, dump_path,
-              attn_layers, attn_heads, attn_dtype):
+              value_weighted, exclude_first, probe, probe_length, probe_first, seed, html_path, html_form, serve,
+              port, dump_path, attn_layers, attn_heads, attn_dtype, attn_top_k, attn_queries):
     """Census of every layer x head for PROMPT, one query's top keys, one query across the model, a page.
 
     \b
@@ -93,40 +100,77 @@ def attention(prompt, model_path, chat, as_json, from_path, layer, head, token_s
       minigen attention "..." --token -1 --key cat          # every layer x head
       minigen attention "..." --value-weighted --exclude-first
       minigen attention --probe induction
+      minigen attention "..." --html attn.html              # compact for long prompts
+      minigen attention "..." --serve                       # the page, with exact rows on demand
       minigen attention --from attn.npz --html attn.html
     """
     from contextlib import ExitStack
     from ..files import OutputFile
-    from ..inspect import commands as C
+    from ..inspect import patterns as P
     from ..inspect import report as R
     from ..inspect.dump import DumpFile
+    from ..inspect.results import as_json as to_json
 
-    ask = C.AttentionAsk(None if prompt is None else read_prompt(prompt), from_path, model_path, chat, layer, head,
+    ask = P.AttentionAsk(None if prompt is None else read_prompt(prompt), from_path, model_path, chat, layer, head,
                          token_spec, key_spec, top_k, value_weighted, exclude_first, probe, probe_length, probe_first,
-                         seed, html_path, dump_path, attn_layers, attn_heads, attn_dtype)
+                         seed, html_path, dump_path, attn_layers, attn_heads, attn_dtype, attn_top_k, attn_queries,
+                         html_form, serve, port)
     usage(ask.conflict())
     if ask.probe_alone:
         model, tok = load(model_path)
-        emit(C.probe(model, tok, probe_length, seed, probe_first, attn_layers, attn_heads), as_json, R.format_attention)
+        emit(P.probe(model, tok, probe_length, seed, probe_first, attn_layers, attn_heads), as_json, R.format_attention)
         return
+    asked = {name for name, on in (("dump", dump_path), ("html", html_path), ("serve", serve)) if on}
     with ExitStack() as files:  # both paths are checked before any work; nothing is left if it fails
         dump = files.enter_context(DumpFile(dump_path)) if dump_path else None
         page = files.enter_context(OutputFile(html_path, "HTML page")) if html_path else None
         src = ask.source(load, lambda model, tok: prompt_ids(model, tok, ask.prompt, chat))
+        plan = ask.plan(src, asked)          # sizes and memory: refused here, before the forward pass
+        kept = plan.run()
         written = {}
         if dump is not None:
-            written["dump"] = C.write_dump(src, dump, attn_dtype)
+            written["dump"] = P.write_dump(src, plan, dump)
             click.echo(f"wrote {dump_path}: {written['dump']['layers']} layers x {written['dump']['heads']} heads x "
-                       f"{len(src.tokens)} tokens (lower triangles)", err=True)
+                       f"{len(src.tokens)} tokens ({DUMP_FORMS[written['dump']['form']]})", err=True)
         if page is not None:
-            written["html"] = C.write_html(src, page, layer, head)
-            click.echo(f"wrote {html_path} ({written['html']['bytes'] / 2**20:.1f} MiB): open it in a browser", err=True)
-    if ask.files_only(written):
-        if as_json:  # asked for files only; a view flag (or no file flag) prints the census
-            click.echo(C.as_json({"command": "attention", "view": "files", "files": written}))
-        return
-    result = ask.view(src)
-    emit({**result, "files": written} if written else result, as_json, R.format_attention)
+            written["html"] = P.write_page(P.render_page(src, plan, layer, head), page)
+            click.echo(f"wrote {html_path} ({written['html']['bytes'] / 2**20:.1f} MiB, "
+                       f"{plan.parts['page form']}): open it in a browser", err=True)
+    if ask.prints_view(asked):
+        result = ask.view(src, plan)
+        emit({**result, "files": written} if written else result, as_json, R.format_attention)
+    elif as_json and written:
+        click.echo(to_json({"command": "attention", "view": "files", "files": written}))
+    if serve:
+        serve_attention(P.render_page(src, plan, layer, head, server={"weights": "weights"}), kept, src, port)
+
+
+DUMP_FORMS = {"full": "lower triangles", "top": "each row's top keys", "rows": "full rows of the queries asked"}
+
+
+def serve_attention(page: str, kept, src, port: int | None):
+    """`--serve`: the page and its exact rows on 127.0.0.1 until SIGINT or SIGTERM; then exit 0."""
+    import signal
+    import threading
+    from ..inspect.server import App, serve
+    app = App(page.encode("utf-8"), kept, src.layers, src.heads, len(src.tokens))
+    try:
+        server = serve(app, port or 0)
+    except OSError as e:
+        raise MinigenError(f"--serve: cannot listen on 127.0.0.1:{port or 0} ({e.strerror or e})")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    click.echo(f"minigen attention: serving http://127.0.0.1:{server.server_address[1]}/ "
+               f"(exact rows at /weights; Ctrl-C stops it)", err=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        click.echo("minigen attention: stopped", err=True)
 
 
 @click.command(cls=Command)

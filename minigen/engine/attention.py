@@ -93,20 +93,25 @@ EXP, LOG_BASE = (np.exp2, np.float32(math.log2(math.e))) if _exp2_is_vectorised(
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
-                     want_weights: bool = False, scale: float | None = None,
-                     softcap: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                     want_weights: bool = False, scale: float | None = None, softcap: float | None = None,
+                     on_block=None) -> tuple[np.ndarray, np.ndarray | None]:
     """q (H, T, d) at positions offset.., k and v (KV, S, d) with S = offset + T, H = G * KV; `scale`
     and `softcap` as in `attend`. Returns out (H, T, d), a view of a (T, H, d) array, and, when asked,
     the weights (H, T, S) with exact zeros where masked. The blocks of a long prompt run on parallel
-    threads (parallel.py), the longest first."""
+    threads (parallel.py), the longest first. With `on_block`, no (H, T, S) array is made: each block's
+    weights go to on_block(start, weights, plogp) as they are made (`_stream_block`), from its thread."""
     (H, T, d), KV = q.shape, k.shape[0]
     out = np.empty((T, H, v.shape[-1]), np.float32).transpose(1, 0, 2)      # (H, T, d); (T, H, d) in memory
-    weights = np.zeros((H, T, k.shape[1]), np.float32) if want_weights else None
+    weights = np.zeros((H, T, k.shape[1]), np.float32) if want_weights and on_block is None else None
     q = q.reshape(KV, H // KV, T, d)                                          # (KV, G, T, d)
 
     def block(start: int, stop: int):
         lo = 0 if window is None else max(0, offset + start - window + 1)   # first key any row sees
         hi = offset + stop                                                    # one past the last
+        if on_block is not None:
+            out[:, start:stop] = _stream_block(q[:, :, start:stop], k[:, :hi], v[:, :hi], offset, start, window,
+                                               scale, softcap, on_block)
+            return
         # without a window only the block's own keys need a mask: the triangle on the diagonal
         mask = None if stop - start == 1 else \
             block_mask(offset + start, offset + stop, offset + start if window is None else lo, hi, window)
@@ -122,6 +127,57 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, w
     else:
         parallel.in_threads(blocks, parallel.threads_for(T))
     return out, weights
+
+
+def causal_weights(q: np.ndarray, k: np.ndarray, offset: int, window: int | None = None,
+                   scale: float | None = None, softcap: float | None = None,
+                   entropy: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The weights `causal_attention` computes, without the values: queries q (H, T, d) at positions
+    offset.., keys k (KV, S, d) with S = offset + T. The same steps as its blocks (`_attend_block`: the
+    queries scaled into the softmax's base, the soft-cap, the mask, the row max subtracted, EXP, rows
+    normalised by one reciprocal), so the same numbers: a tile of queries of a long prompt's map, which
+    inspection takes one at a time (minigen.inspect.scan), and the exact rows it serves. Returns the
+    weights (H, T, S), exact zeros where masked, and with `entropy` each row's sum of w ln w (H, T),
+    from the scores: ln w_j = (s_j - max) ln b - ln Z in the softmax's base b, so no log is taken."""
+    (H, T, d), (KV, S) = q.shape, k.shape[:2]
+    G, lo = H // KV, 0 if window is None else max(0, offset - window + 1)   # lo: the first key any row sees
+    qs = (q * query_factor(d, scale, softcap)).reshape(KV, G * T, d)         # (KV, G T, d)
+    scores = rows_times(qs, np.swapaxes(k[:, lo:], -1, -2))                  # (KV, G T, S - lo)
+    capped(scores, softcap)
+    rows = scores.reshape(KV, G, T, -1)                                      # the mask broadcast over heads
+    np.copyto(rows, NEG, where=~block_mask(offset, offset + T, lo, S, window))
+    scores -= scores.max(axis=-1, keepdims=True)
+    e = EXP(scores)                                                          # (KV, G T, S - lo), unnormalised
+    total = e.sum(axis=-1, keepdims=True)                                    # (KV, G T, 1): Z
+    plogp = None
+    if entropy:   # sum_j w_j ln w_j = (sum_j e_j s_j) ln b / Z - ln Z; masked: e_j = 0 against a finite s_j
+        plogp = (np.einsum("...j,...j->...", e, scores) / LOG_BASE / total[..., 0] - np.log(total[..., 0])).reshape(H, T)
+    e *= np.reciprocal(total, out=total)
+    if lo == 0:
+        return e.reshape(H, T, S), plogp
+    weights = np.zeros((H, T, S), np.float32)
+    weights[:, :, lo:] = e.reshape(H, T, -1)
+    return weights, plogp
+
+
+STREAM_ROWS = 16   # query rows per causal_weights call of a streamed block: 9 heads x 16 x 4,096 keys in 2.4 MB
+
+
+def _stream_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, first: int, window: int | None,
+                  scale: float | None, softcap: float | None, on_block) -> np.ndarray:
+    """The block of query rows first.. (at positions offset + first..) of causal_attention, q (KV, G, B, d),
+    with its weights wanted: for STREAM_ROWS rows at a time, `causal_weights` (weights (H, r, S) and each
+    row's w ln w) handed to on_block(row, weights, plogp), then out = weights @ v. Returns out (H, B, d)."""
+    KV, G, B, d = q.shape
+    out = np.empty((KV * G, B, v.shape[-1]), np.float32)
+    for a in range(0, B, STREAM_ROWS):
+        b = min(B, a + STREAM_ROWS)
+        S = offset + first + b
+        w, plogp = causal_weights(q[:, :, a:b].reshape(KV * G, b - a, d), k[:, :S], offset + first + a, window,
+                                  scale, softcap, entropy=True)            # (H, r, S), (H, r)
+        on_block(first + a, w, plogp)
+        out[:, a:b] = rows_times(w.reshape(KV, G * (b - a), S), v[:, :S]).reshape(KV * G, b - a, -1)
+    return out
 
 
 def _attend_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float | None,

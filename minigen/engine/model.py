@@ -70,6 +70,10 @@ class Hooks:
     def resid(self, layer: int, x: np.ndarray) -> None:
         """(T, D): the residual stream after the layer (read only)."""
 
+    def qkv(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """(T, H, d), (T, KV, d), (T, KV, d): an attention layer's queries, keys and values of this
+        forward's rows, as attention takes them (after any q/k norm, RoPE and query scale; read only)."""
+
 
 @dataclass(frozen=True)
 class Seq:
@@ -180,6 +184,8 @@ def attention(h: np.ndarray, p: dict, cfg: Config, i: int, seqs: list[Seq], rope
     (which it extends): what the block adds to the residual stream (N, D), before any post-norm; with
     `last`, only each sequence's last query attends, (B, D) (every row's k and v still join the cache)."""
     q, k, v = parallel.by_rows(qkv_heads, h, rope, p=p, cfg=cfg)             # (N, H, d), (N, KV, d) x2
+    if hooks:
+        hooks.qkv(i, q, k, v)
     out_rows = {id(s): slice(b, b + 1) if last else s.rows for b, s in enumerate(seqs)}
     z = np.empty((len(seqs),) + q.shape[1:] if last else q.shape, np.float32)   # (N, H, d), or (B, H, d)
     pooled = pooled_decoding(seqs, i) if record is None else []
@@ -212,12 +218,16 @@ def attend_cached(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, c
                   record: list | None = None) -> np.ndarray:
     """One sequence's new k and v (T, KV, d) and the queries q (T', H, d) of its last T' <= T rows: k
     and v join the cache, q attends causally over all of it. Each head's output z (T', H, d); the
-    weights (H, T', S) go to `record` when it is a list."""
+    weights (H, T', S) are appended to `record` when it is a list. A record with a `block` method takes
+    them a few query rows at a time instead, record.block(layer, first row, weights (H, r, S), plogp (H, r)),
+    and no layer's whole map is made (minigen.inspect.scan: a long prompt's attention in bounded memory)."""
     offset = cache.offset + len(k) - len(q)                                  # the first query's position
     keys, values = cache.update_and_fetch(k.transpose(1, 0, 2), v.transpose(1, 0, 2))   # (KV, S, d)
+    streamed = getattr(record, "block", None)
     out, weights = causal_attention(q.transpose(1, 0, 2), keys, values, offset, cfg.window(i),
-                                    record is not None, cfg.attn_scale, cfg.attn_softcap)   # (H, T, d)
-    if record is not None:
+                                    record is not None, cfg.attn_scale, cfg.attn_softcap,
+                                    None if streamed is None else partial(streamed, i))   # (H, T, d)
+    if record is not None and streamed is None:
         record.append(weights)
     return out.transpose(1, 0, 2)                                            # (T, H, d)
 
