@@ -45,7 +45,9 @@ def html_size(n_layers: int, n_heads: int, T: int) -> int:
     return n_layers * n_heads * (T * (T + 1) // 2) * 2 * 4 // 3
 
 
-def check_full_size(n_layers: int, n_heads: int, T: int, limit: int = MAX_HTML_BYTES) -> int:
+def check_full_size(n_layers: int, n_heads: int, T: int, limit: int | None = None) -> int:
+    """The full form's bytes of weights, refused past `limit` (MAX_HTML_BYTES) before anything is computed."""
+    limit = MAX_HTML_BYTES if limit is None else limit
     size = html_size(n_layers, n_heads, T)
     if size > limit:
         raise MinigenError(f"the full page would inline {size / 2**20:,.0f} MiB of weights ({n_layers} layers x "
