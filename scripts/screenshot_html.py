@@ -42,23 +42,34 @@ def chromium(browser: str, url: str, size: str, *extra: str, timeout: float = 18
         return r, time.perf_counter() - start
 
 
-def check(browser: str, url: str, size: str, row: int | None, budget: float | None) -> int:
-    """Load the page, read its DOM: the render time, and the pinned row. 0 if all is well."""
+def loaded(browser: str, url: str, size: str) -> tuple[int | None, str, float, subprocess.CompletedProcess]:
+    """Load the page once and read its DOM after the load event: (ms from navigation to the end of the page's
+    script, or None if it did not get there; the text of its #info; chromium's whole run in s; the process)."""
     r, seconds = chromium(browser, url, size, "--dump-dom")
     rendered = re.search(r'data-rendered="(\d+)"', r.stdout)
     info = re.search(r'<div id="info">(.*?)</div>', r.stdout, re.S)
-    if r.returncode != 0 or not rendered:
+    return (int(rendered[1]) if rendered and r.returncode == 0 else None,
+            html.unescape(info[1]) if info else "", seconds, r)
+
+
+def row_shown(text: str, row: int) -> bool:
+    """The page's #info shows pinned row `row` and its top keys."""
+    return text.startswith(f"query {row} ") and "\ntop: " in text
+
+
+def check(browser: str, url: str, size: str, row: int | None, budget: float | None) -> int:
+    """Load the page, read its DOM: the render time, and the pinned row. 0 if all is well."""
+    ms, text, seconds, r = loaded(browser, url, size)
+    if ms is None:
         print(f"screenshot_html: the page did not render (chromium {r.returncode}):\n{r.stderr[-2000:]}", file=sys.stderr)
         return 1
-    ms = int(rendered[1])
     print(f"rendered in {ms / 1000:.2f} s (navigation to the end of the page's script; chromium's whole run "
           f"{seconds:.2f} s)")
     failed = budget is not None and ms / 1000 > budget
     if failed:
         print(f"screenshot_html: over the {budget:g} s budget", file=sys.stderr)
     if row is not None:
-        text = html.unescape(info[1]) if info else ""
-        shown = text.startswith(f"query {row} ") and "\ntop: " in text
+        shown = row_shown(text, row)
         print(f"pinned row {row}: " + ("shown: " + text.replace("\n", " | ") if shown else "NOT shown"))
         failed = failed or not shown
     return 1 if failed else 0

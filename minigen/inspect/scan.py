@@ -1,13 +1,15 @@
-"""A prompt's attention a tile of queries at a time, so that no layer's whole map is ever held.
+"""A prompt's attention a few query rows at a time, so that no layer's whole map is ever held.
 
-One forward pass over the prompt, with a hook (model.Hooks.qkv) that receives each attention layer's
-queries, keys and values as the forward reaches the layer. From them the layer's weights are computed
-again, exactly as the forward computes them (engine.attention.causal_weights), for a few query rows
-at a time: each such Tile goes through the consumers (tiles.py: the census's per-row numbers, each
-row's top keys, thumbnails, full maps where asked) and is let go. Memory is then the forward's own,
-one tile, and what the consumers keep; the time, the forward's and about its attention again (the
-scores and their exponentials once more, then a few passes over each tile). With `keep`, each layer's
-queries and keys stay (Kept), for the exact rows `--serve` answers.
+One forward pass over the prompt with a Tap as its `record` and its hooks. The forward hands each
+attention layer's weights over as it makes them, a few query rows at a time (model.attend_cached's record
+protocol: `record.block(layer, first row, weights, Σ w ln w)`, engine.attention.causal_attention's
+`on_block`), and each such Tile goes through the consumers (tiles.py: the census's per-row numbers, each
+row's strongest keys, thumbnails, full maps where asked) and is let go. Memory is then the forward's own,
+a tile per thread, and what the consumers keep; the time, the forward's, its attention computed in row
+pieces that are handed over (~20 % more at 2,048 tokens), and the consumers' passes over each tile. The
+hook (model.Hooks.qkv) sees each layer's queries, keys and values first: with `keep` they stay (Kept), for
+the exact rows `--serve` recomputes (engine.attention.causal_weights, the forward's own steps); the values
+give the norms of the value-weighted view.
 
 A dump's full maps go through the same consumers as tiles of the stored squares (`map_tiles`).
 
@@ -21,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine import model as M
-from ..engine.attention import causal_weights
+from ..engine.attention import STREAM_ROWS, causal_weights
 
-TILE = 1 << 20   # weights per tile (4 MB of float32): its passes stay in cache, and there are few tiles
+TILE = 1 << 20   # weights per tile of a dump's maps (4 MB of float32): its passes stay in cache, and there are few tiles
 
 
 @dataclass
@@ -78,16 +80,6 @@ def layer_weights(q: np.ndarray, k: np.ndarray, cfg, layer: int, heads: list[int
         return causal_weights(q[:, start:stop], k[:, :stop], *args)
     parts = [causal_weights(q[hs, start:stop], k[kv:kv + 1, :stop], *args) for kv, hs in head_groups(heads, cfg.group)]
     return np.concatenate([w for w, _ in parts]), np.concatenate([p for _, p in parts])
-
-
-def qk_tiles(q: np.ndarray, k: np.ndarray, cfg, layer: int, heads: list[int], rows: range | None = None):
-    """Tiles of one layer from its q (T, H, d) and k (T, KV, d), as the hook hands them over; only the
-    query rows in `rows` (default all)."""
-    qh, kh = q.transpose(1, 0, 2), keys_for_blas(k)                          # (H, T, d), (KV, T, d)
-    rows = range(len(q)) if rows is None else rows
-    size = rows_per_tile(len(heads), rows.stop)
-    for start in range(rows.start, rows.stop, size):
-        yield Tile(layer, start, *layer_weights(qh, kh, cfg, layer, heads, start, min(rows.stop, start + size)))
 
 
 def keys_for_blas(k: np.ndarray) -> np.ndarray:
@@ -213,7 +205,8 @@ def scan(model, ids, layers: list[int], heads: list[int], plain: list, view: lis
     ids = model.check_ids(ids)
     wo = {l: model.params["layers"][l]["wo"] for l in layers} if value_weighted or norms is not None else None
     tap = Tap(model.config, layers, heads, plain, view, wo, value_weighted, keep, keep_values, norms)
-    model.forward(ids, model.make_cache(len(ids)), last_only=True, record=tap, hooks=tap)
+    hooks = tap if keep or wo is not None else None   # hooked forwards may stay on one thread: only when needed
+    model.forward(ids, model.make_cache(len(ids)), last_only=True, record=tap, hooks=hooks)
     for c in [*plain, *view]:
         getattr(c, "finish", lambda: None)()
     return tap.kept
@@ -246,5 +239,5 @@ def kept_bytes(cfg, T: int, n_layers: int, values: bool = False) -> int:
 
 
 def tile_bytes(n_heads: int, T: int) -> int:
-    """A tile and its temporaries (the scores, logs, weights, a transform): ~8 of its size."""
-    return 8 * 4 * n_heads * rows_per_tile(n_heads, T) * T
+    """A streamed piece of a block (STREAM_ROWS rows of every head) and its temporaries, ~8 of its size."""
+    return 8 * 4 * n_heads * STREAM_ROWS * T
