@@ -11,7 +11,7 @@ by the forward that fills the cache is still yielded, with finish "context".
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
@@ -134,10 +134,12 @@ def generate_step(model, prompt_ids: Sequence[int], options: Options = Options()
 
 def sampling_pipeline(o: Options) -> tuple[Sampler, list[Processor], "np.random.Generator | None"]:
     """(sampler, logits processors, rng) for options the model has filled in. Greedy draws nothing, so
-    it needs no rng (and numpy.random, 6 MB, stays unloaded)."""
+    it needs no rng (and numpy.random, 6 MB, stays unloaded). A constraint (generation/constraint.py)
+    is the first processor, a new one per sequence: its mask comes before every other setting."""
     penalty = make_repetition_penalty(o.repeat_penalty, o.repeat_last_n)
     rng = None if o.temp == 0 else np.random.default_rng(o.seed)
-    return make_sampler(o.temp, o.top_k, o.top_p, o.min_p), [penalty] if penalty else [], rng
+    processors = ([o.constraint.processor()] if o.constraint is not None else []) + ([penalty] if penalty else [])
+    return make_sampler(o.temp, o.top_k, o.top_p, o.min_p), processors, rng
 
 
 def speculative_step(model, prompt_ids: Sequence[int], options: Options = Options(), cache: list | None = None,
@@ -280,6 +282,9 @@ class Run:
 
     def __post_init__(self):
         self.options = self.options.for_model(self.model)
+        if self.options.constraint is not None:   # llguidance's tokenizer for this one (made once per tokenizer)
+            self.options = replace(self.options, constraint=self.options.constraint.bind(
+                self.tokenizer, self.model.config.vocab_size, eos_token_ids(self.model)))
         check_prompt(self.prompt, self.model, self.options.max_context)
         self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
