@@ -32,9 +32,10 @@ import numpy as np
 from ..errors import MinigenError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
-# Between JSON tokens: at most 24 whitespace characters in a row (llama.cpp's grammars allow two newlines
-# and 20 spaces). llguidance's default is any run, and a small model can fill max_tokens with newlines.
-JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,24}"}
+# Between JSON tokens: a space, or one or two newlines and an indent of up to 20 spaces or tabs, as
+# llama.cpp's JSON grammars allow. llguidance's default is any run of whitespace, and a small model can
+# fill max_tokens with it. A schema's own "x-guidance" overrides this.
+JSON_DEFAULTS = {"whitespace_pattern": r" |\n{1,2}[ \t]{0,20}"}
 
 
 @dataclass(frozen=True)

@@ -218,10 +218,11 @@ def prompt_ids(tokenizer, prompt: str | Sequence[int], chat: bool = False, syste
     return chat_ids(tokenizer, messages)
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict], **variables) -> list[int]:
     """A conversation through the chat template with the generation prompt, encoded without adding
-    special tokens, as transformers' apply_chat_template does (the template writes BOS itself)."""
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
+    special tokens, as transformers' apply_chat_template does (the template writes BOS itself).
+    `variables`: the template's other inputs (`tools`, as the server passes them)."""
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables),
                             add_special_tokens=False)
 
 
