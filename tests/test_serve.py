@@ -276,9 +276,12 @@ def test_a_completion_of_no_tokens_is_400(server):
     assert e["status"] == 400 and e["param"] == "max_tokens" and "at least 1" in e["message"]
 
 
-def test_unknown_fields_are_ignored(server):
-    status, data, _ = raw(server.port, "POST", "/v1/completions",
-                          json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "frobnicate": [1, {}]}))
+def test_unknown_fields_are_400_naming_them(server):
+    e = error_of(raw(server.port, "POST", "/v1/completions",
+                     json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "frobnicate": [1, {}]})))
+    assert e["status"] == 400 and e["param"] == "frobnicate" and "does not implement" in e["message"]
+    status, data, _ = raw(server.port, "POST", "/v1/completions",   # null is as absent
+                          json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "frobnicate": None}))
     assert status == 200 and json.loads(data)["choices"][0]["finish_reason"] in ("stop", "length")
 
 
