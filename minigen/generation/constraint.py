@@ -32,10 +32,10 @@ import numpy as np
 from ..errors import MinigenError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
-# Between JSON tokens: a space, or one or two newlines and an indent of up to 20 spaces or tabs, as
-# llama.cpp's JSON grammars allow. llguidance's default is any run of whitespace, and a small model can
-# fill max_tokens with it. A schema's own "x-guidance" overrides this.
-JSON_DEFAULTS = {"whitespace_pattern": r" |\n{1,2}[ \t]{0,20}"}
+# Between JSON tokens: a space, or a newline and an indent of up to 20 spaces or tabs (llama.cpp's JSON
+# grammars allow two newlines). llguidance's default is any run of whitespace, and a small model can fill
+# max_tokens with it. A schema's own "x-guidance" overrides this.
+JSON_DEFAULTS = {"whitespace_pattern": r" |\n[ \t]{0,20}"}
 
 
 @dataclass(frozen=True)
