@@ -563,8 +563,7 @@ def section_constrained(args):
         return
     rs = mg["rounds"]
     med = lambda k: statistics.median(r[k] for r in rs)   # noqa: E731
-    print(f"
-| engine | model | vocabulary | tokens | unconstrained tok/s | with the schema tok/s | ÷ | mask µs / token |")
+    print("\n| engine | model | vocabulary | tokens | unconstrained tok/s | with the schema tok/s | ÷ | mask µs / token |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| minigen | {Path(str(args.model)).name} | {mg['vocab']:,} | {rs[0]['tokens']} | {med('plain'):.1f} | "
           f"{med('schema'):.1f} | {med('schema') / med('plain'):.3f} | {med('mask_us'):.0f} |")
@@ -575,8 +574,7 @@ def section_constrained(args):
         if ll:
             print(f"| llama.cpp (llama-server, json_schema) | {Path(args.llama_gguf).name} | | {rs[0]['tokens']} | "
                   f"{ll['plain']:.1f} | {ll['schema']:.1f} | {ll['schema'] / ll['plain']:.3f} | |")
-    print(f"
-greedy; the schema's run ends on EOS after {rs[0]['tokens']} tokens ({rs[0]['finish']}), the "
+    print(f"\ngreedy; the schema's run ends on EOS after {rs[0]['tokens']} tokens ({rs[0]['finish']}), the "
           f"unconstrained one runs as many; medians of {len(rs)} rounds, run in turn; llguidance's tokenizer built "
           f"in {mg['setup']:.2f} s (with the first run); {args.threads} threads. Output: {rs[0]['text'][:160]!r}")
 

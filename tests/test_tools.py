@@ -160,3 +160,24 @@ def test_a_special_token_marker_is_written_as_the_token(tok):
     model, tok = tok
     assert T.lit(tok, "<|im_end|>\nx") == '<[2]> "\\nx"'
     assert T.lit(tok, "<|im_end|>x") == '<[2]> "x"' and T.lit(tok, "<tool_call>") == '"<tool_call>"'
+
+
+REFS = json.loads((TEMPLATES / "references.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("ref", [r for r in REFS["renders"] if r.get("tools") and r["text"]],
+                         ids=lambda r: f"{r['template'][:-6]}-{r['conversation']}-{'gen' if r['add_generation_prompt'] else 'nogen'}")
+def test_openai_messages_with_tools_render_as_transformers(ref):
+    """The conversation as an OpenAI client sends it (arguments as a JSON string, content null) through the
+    server's messages(), rendered with the tools: transformers' rendering of it (arguments as an object)."""
+    from minigen.serve.api import messages
+    wire = json.loads(json.dumps(REFS["conversations"][ref["conversation"]]))
+    for m in wire:
+        for call in m.get("tool_calls", []):
+            call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        if m.get("tool_calls"):
+            m["content"] = None
+    template = (TEMPLATES / ref["template"]).read_text(encoding="utf-8")
+    got = render_chat_template(template, messages(wire), ref["add_generation_prompt"], tools=REFS["tools"],
+                               **REFS["variables"])
+    assert got == ref["text"]

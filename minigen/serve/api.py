@@ -106,9 +106,7 @@ def parse(kind: str, raw: bytes, model_name: str, tokenizer, context: int, vocab
     usage = get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = get(usage, "include_usage", lambda v: isinstance(v, bool), "true or false", False,
                         where="stream_options.include_usage")
-    if set(usage) - {"include_usage"}:
-        name = sorted(set(usage) - {"include_usage"})[0]
-        raise ApiError(400, f"stream_options.{name}: this server does not implement this field", f"stream_options.{name}")
+    known(usage, {"include_usage"}, "stream_options")
     options = run_options(body, kind, context)
     if constraint is not None:
         try:
