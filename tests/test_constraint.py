@@ -90,6 +90,13 @@ def test_cli_grammar_file_lark_and_gbnf(tmp_path):
         assert re.fullmatch(pattern, r.output), r.output
 
 
+def test_cli_chat_constrains_every_reply():
+    r = CliRunner().invoke(main, ["chat", "--model", str(FIXTURES / "qwen2"), "-q", "-m", "8", "--regex", "(yes|no)"],
+                           input="Is it?\nAnd now?\n")
+    assert r.exit_code == 0, r.output
+    assert all(line in ("yes", "no") for line in r.stdout.splitlines()) and len(r.stdout.splitlines()) == 2
+
+
 # --- the mask removes only what the grammar forbids ---------------------------------------------------
 
 @pytest.mark.parametrize("name", ["qwen2", "llama_gqa3", "gpt2", "gemma2", "phi3", "smollm3", "qwen3_5_text"])

@@ -11,7 +11,7 @@ The grammar (`grammar`), for generation/constraint.py: `required` and a named fu
 calls, each call's arguments valid against its function's `parameters` schema (llguidance's JSON schema,
 the name first); `auto` allows any text, and once the model writes the opening marker, a call that
 follows the same grammar (llguidance's lazy lexemes: the grammar starts where the call does). A marker
-that is a special token of the tokenizer is written as that token, otherwise as text.
+that is an added token of the tokenizer is written as that token, otherwise as text.
 
 `Calls` parses the output as it comes: text outside calls is content (a tail that could be the start
 of a marker held back, as a stop string is), and each call yields its name as soon as it is written,
@@ -106,10 +106,12 @@ def call_schema(syntax: Syntax, functions: list[dict]) -> dict:
 
 
 def lit(tokenizer, text: str) -> str:
-    """`text` as Lark items: each special token of the tokenizer in it as <[id]>, the rest as strings."""
+    """`text` as Lark items: each added token of the tokenizer in it as <[id]>, the rest as strings. Every
+    added token, not only those marked special: llguidance takes them all as special (Qwen2.5's
+    <tool_call> is not marked so, and as a string its forced text made the matcher refuse the token)."""
     if not text:
         return ""
-    specials = {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items() if t.special}
+    specials = {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()}
     pattern = "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True) if s)
     parts = re.split(f"({pattern})", text) if pattern else [text]
     return " ".join(f"<[{specials[p]}]>" if p in specials else json.dumps(p, ensure_ascii=False) for p in parts if p)
