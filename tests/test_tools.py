@@ -181,3 +181,18 @@ def test_openai_messages_with_tools_render_as_transformers(ref):
     got = render_chat_template(template, messages(wire), ref["add_generation_prompt"], tools=REFS["tools"],
                                **REFS["variables"])
     assert got == ref["text"]
+
+
+def test_an_added_token_not_marked_special_is_written_as_the_token():
+    """Qwen2.5's <tool_call> is an added token with special false; llguidance takes it as special, so the
+    grammar must name it by id: as a string, the matcher allowed the token and then refused it."""
+    from tokenizers import AddedToken
+    model, tok = minigen.load(Path(__file__).parent / "fixtures" / "qwen2")
+    tok.hf.add_tokens([AddedToken("<tool_call>", special=False), AddedToken("</tool_call>", special=False)])
+    opener = tok.hf.token_to_id("<tool_call>")
+    assert opener < model.config.vocab_size and T.lit(tok, "<tool_call>\n") == f'<[{opener}]> "\\n"'
+    hermes = next(s for s in T.SYNTAXES if s.name == "hermes")
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert tok.encode(text, add_special_tokens=False)[0] == opener
+    for choice in ("required", "auto"):
+        assert follows(T.constraint(hermes, TOOLS, choice, True, tok), model, tok, text)
