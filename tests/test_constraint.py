@@ -239,6 +239,12 @@ def test_follow_rolls_back_to_any_earlier_point():
         fresh = c.processor()
         fresh.follow(text_ids[:cut])
         assert (f.allowed() == fresh.allowed()).all()
+    eos = eos_token_ids(model)[0]
+    f.follow(text_ids[:9] + [eos, eos, 5])                            # a draft model's guesses past an EOS
+    f.follow(text_ids[:7])
+    fresh = c.processor()
+    fresh.follow(text_ids[:7])
+    assert (f.allowed() == fresh.allowed()).all()
     f.follow(text_ids[:4] + [text_ids[4]])
     f.follow(text_ids[:2])                                            # back past a different branch
     fresh = c.processor()

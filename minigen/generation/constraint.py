@@ -48,6 +48,7 @@ class Constraint:
     grammar: str = field(repr=False)
     tokenizer: object = field(default=None, repr=False, compare=False)
     vocab: int = field(default=0, repr=False, compare=False)
+    eos: tuple = field(default=(), repr=False, compare=False)
 
     def bind(self, tokenizer, vocab: int, eos: Sequence[int]) -> "Constraint":
         """This constraint with the llguidance tokenizer of `tokenizer` (a minigen Tokenizer), sized to the
@@ -55,7 +56,7 @@ class Constraint:
         eos = tuple(int(i) for i in eos if 0 <= i < vocab)
         if not eos:
             raise MinigenError("constraint: the model has no EOS token id, so a complete output could not end")
-        return replace(self, tokenizer=ll_tokenizer(tokenizer, vocab, eos), vocab=vocab)
+        return replace(self, tokenizer=ll_tokenizer(tokenizer, vocab, eos), vocab=vocab, eos=eos)
 
     def processor(self) -> "Follow":
         """A new processor for one sequence (each sequence needs its own: it holds the matcher's state)."""
@@ -202,7 +203,7 @@ class Follow:
         ll = _llguidance()
         self.matcher = ll.LLMatcher(constraint.tokenizer, constraint.grammar, log_level=0)
         self._check()
-        self.vocab = constraint.vocab
+        self.vocab, self.eos = constraint.vocab, frozenset(constraint.eos)
         self.bitmask = ll.numpy.allocate_token_bitmask(1, constraint.vocab)    # (1, ceil(V / 32)) int32
         self.fill = ll.numpy.fill_next_token_bitmask
         self.start: int | None = None     # len(tokens) at the first call: where the output starts
@@ -220,7 +221,9 @@ class Follow:
         return np.where(allowed[:n], scores, np.float32(-np.inf)).astype(scores.dtype, copy=False)
 
     def follow(self, output: list[int]):
-        """Bring the matcher to `output`: roll back what differs from what it consumed, consume the rest."""
+        """Bring the matcher to `output`: roll back what differs from what it consumed, consume the rest,
+        up to an EOS: the output ends there, and a draft model's guesses past one are never kept (the
+        matcher, stopped by an EOS it consumed, was left in a wrong state by rolling it back)."""
         fed = self.fed
         same = len(fed) if output[:len(fed)] == fed else common_prefix(fed, output)
         if same < len(fed):
@@ -229,6 +232,8 @@ class Follow:
                 same = 0
             del fed[same:]
         for token in output[same:]:
+            if token in self.eos:
+                break
             if not self.matcher.consume_token(token):
                 self._check()
                 raise MinigenError(f"constraint: token {token} does not follow the grammar")
