@@ -26,7 +26,8 @@ from ..files import MiB
 from . import api
 from .output import ClientGone, JobFailed, Locked, Output
 from .prefix import PrefixCache
-from .scheduler import Batched, ForkGate, Job, QueueFull, Scheduler, Stopping
+from ..generation.batch import Batch
+from .scheduler import ForkGate, Job, QueueFull, Scheduler, Stopping
 
 MAX_BODY = 8 * MiB        # bytes of request body (a prompt of a long context as ids is well under 1 MiB)
 IO_TIMEOUT = 60.0         # seconds a client may take to send its request or read a write
@@ -50,11 +51,11 @@ class App:
 
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
           api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
-    """The App of one model, its scheduler started: `batch` defaults to the batch step (Batched)."""
+    """The App of one model, its scheduler started: `batch` defaults to a new Batch of the model."""
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(batch or Batched(model, tokenizer), max_batch, max_queue, prefix, gate)
+    scheduler = Scheduler(Batch(model) if batch is None else batch, max_batch, max_queue, prefix, gate)
     scheduler.start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 
@@ -129,7 +130,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def generate(self, kind: str):
         a = self.app
-        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.context, a.model.config.vocab_size)
+        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.model)
         job = Job(req.ids, req.options)
         try:
             a.scheduler.submit(job)
