@@ -149,9 +149,7 @@ class Sequence:
 
     def step(self, logits: np.ndarray, seconds: float = 0.0, attentions: list | None = None) -> Step:
         """The next token from the forward's logits (V,) at the sequence's last position, as a Step."""
-        if not np.isfinite(logits).all():  # NaN weights or eps would otherwise sample <unk> forever
-            raise MinigenError(f"step {self.generated + 1}: the model's logits are not finite (NaN or infinity); "
-                               f"the checkpoint's weights or config.json are likely corrupt")
+        self.check_logits(logits)
         scores = self.scores(logits)
         token = self.sampler(scores, self.rng)
         prefill = not self.generated
@@ -169,7 +167,8 @@ class Sequence:
                 else "context" if full else None)
 
     def check_logits(self, logits: np.ndarray) -> None:
-        """MinigenError when a forward's logits (any shape) are not all finite."""
+        """MinigenError when a forward's logits (any shape) are not all finite: NaN weights or eps would
+        otherwise sample <unk> forever."""
         if not np.isfinite(logits).all():
             raise MinigenError(f"step {self.generated + 1}: the model's logits are not finite (NaN or infinity); "
                                f"the checkpoint's weights or config.json are likely corrupt")
