@@ -17,6 +17,7 @@ post-norm.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
@@ -108,10 +109,8 @@ def pooled_decoders(at: Pass) -> list[int]:
     """The sequences (indices) whose attention can be pooled: a decode step (one new row) through a pool's
     slot, where two or more share that pool."""
     decoders = [b for b, (r, c) in enumerate(zip(at.rows, at.caches)) if r.stop - r.start == 1 and isinstance(c, PooledKV)]
-    counts = {}
-    for b in decoders:
-        counts[id(at.caches[b].pool)] = counts.get(id(at.caches[b].pool), 0) + 1
-    return [b for b in decoders if counts[id(at.caches[b].pool)] > 1]
+    counts = Counter(at.caches[b].pool for b in decoders)
+    return [b for b in decoders if counts[at.caches[b].pool] > 1]
 
 
 def group_by_pool(at: Pass, members: list[int]) -> dict[KVPool, list[int]]:
