@@ -91,7 +91,7 @@ def greedy(model, prompt, n: int, eos: int | None = None) -> tuple[list[int], np
 def interrupt_generation(monkeypatch, after: int):
     """Make the generation loop raise KeyboardInterrupt (a Ctrl-C) once `after` tokens have been yielded."""
     from minigen.generation import steps as module
-    real = module.generate_step
+    real = module.decode
 
     def interrupted(*args, **kwargs):
         for i, step in enumerate(real(*args, **kwargs)):
@@ -99,7 +99,7 @@ def interrupt_generation(monkeypatch, after: int):
                 raise KeyboardInterrupt
             yield step
 
-    monkeypatch.setattr(module, "generate_step", interrupted)
+    monkeypatch.setattr(module, "decode", interrupted)
 
 
 def pytest_configure(config):

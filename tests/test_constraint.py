@@ -19,7 +19,9 @@ from minigen.errors import OptionError
 from minigen.generation import constraint as C
 from minigen.generation.batch import batch_runs
 from minigen.generation.options import Options
-from minigen.generation.steps import Run, eos_token_ids, generate_step, speculative_step
+from minigen.generation.sequence import eos_token_ids
+from minigen.generation.speculative import speculative_step
+from minigen.generation.steps import Run, generate_step
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -15,7 +15,7 @@ import pytest
 
 import minigen
 from minigen.generation import constraint as C
-from minigen.generation.steps import eos_token_ids
+from minigen.generation.sequence import eos_token_ids
 from minigen.serve import tools as T
 from minigen.text.template import render_chat_template
 

@@ -14,7 +14,7 @@ import click
 from ..errors import MinigenError
 from ..generation.options import Options, flags_of, spec, summary
 from . import harness
-from .harness import Command, load_timed, model_option, progress_bar, read_prompt
+from .harness import Command, figures, load_timed, model_option, progress_bar, read_prompt
 
 
 def run_flag(f):
@@ -179,22 +179,6 @@ def print_end(stats, max_context: int, stopped: str, load_seconds: float, quiet:
         click.echo(figures(stats, load_seconds, verbose), err=True)
 
 
-def figures(stats, load_seconds: float, verbose: bool = False) -> str:
-    import resource
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    lines = ["==========",
-             f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tokens/s",
-             f"generation: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tokens/s",
-             f"load: {load_seconds:.2f} s, peak memory: {peak_mb:.0f} MB"]
-    if verbose:
-        lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
-                     f"decode {stats.decode_seconds:.3f} s")
-    if verbose and stats.drafted:
-        lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
-                     f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
-    return "\n".join(lines)
-
-
 BATCH = 16   # sequences in one batch at most
 
 
@@ -203,7 +187,8 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
     soon as it and those before it are done; a progress line on stderr in a terminal."""
     import json
     from ..errors import MinigenError, OptionError
-    from ..generation.batch import PromptError, batch_runs, read_batch_file
+    from ..generation.batch import PromptError, batch_runs
+    from .batch_file import read_batch_file
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
     Options.of(**given)   # the flags first: a bad one is a usage error naming it
     prompts, per_prompt, lines = read_batch_file(path)

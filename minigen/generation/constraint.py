@@ -52,7 +52,7 @@ class Constraint:
 
     def bind(self, tokenizer, vocab: int, eos: Sequence[int]) -> "Constraint":
         """This constraint with the llguidance tokenizer of `tokenizer` (a minigen Tokenizer), sized to the
-        model's logits (`vocab`) and ending on its EOS ids (steps.eos_token_ids)."""
+        model's logits (`vocab`) and ending on its EOS ids (sequence.eos_token_ids)."""
         eos = tuple(int(i) for i in eos if 0 <= i < vocab)
         if not eos:
             raise MinigenError("constraint: the model has no EOS token id, so a complete output could not end")

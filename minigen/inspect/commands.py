@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..engine.mixers import has_attention
 from ..errors import MinigenError, ranges
 from ..files import OutputFile
 from . import dump as D
@@ -162,7 +163,7 @@ def census(src: Source, exclude_first: bool = False, probed: dict | None = None)
         probe_part = {"length": probed["n"], "prefix": [token_json(src.tokenizer, i) for i in probed["prefix"]], "descriptions": stats.PROBE_SCORES,
                       "scores": {k: v[layers][:, src.heads] for k, v in probed["scores"].items()}}
     cfg = src.model.config if src.model is not None else None
-    without = {} if cfg is None else {l: cfg.mixer(l) for l in range(cfg.n_layers) if not cfg.has_attention(l)}
+    without = {} if cfg is None else {l: cfg.mixer(l) for l in range(cfg.n_layers) if not has_attention(cfg, l)}
     return {"command": "attention", "view": "census", "source": src.subtitle, "tokens": src.tokens,
             "token_ids": src.ids, "layers": layers, "heads": src.heads, "exclude_first": exclude_first,
             "without_attention": without,   # hybrids: layer -> its token mixer (Gated DeltaNet, short conv, Mamba2)
@@ -430,7 +431,7 @@ def dla(model, tok, ids, token: str | None, target: str | None, vs: str | None) 
 
 def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) -> dict:
     cfg = model.config
-    if 0 <= layer < cfg.n_layers and not cfg.has_attention(layer):   # a recurrent layer: one token's step
+    if 0 <= layer < cfg.n_layers and not has_attention(cfg, layer):   # a recurrent layer: one token's step
         i = position(tok.token_strings(ids), token)
         return {**trace_recurrent(model, tok, ids, layer, head, i), "query": position_json(tok.token_strings(ids), i)}
     layer_head(model.config, layer, head)

@@ -32,7 +32,9 @@ from ..generation.sampling import log_softmax
 from ..generation import constraint as constraints
 from ..generation.constraint import JSON_DEFAULTS
 from ..generation.options import REQUEST_FIELDS, Options
-from ..generation.steps import chat_ids
+from ..generation.options import check_prompt as check_ids
+from ..generation.sequence import chat_ids, eos_token_ids
+from ..text.tokenizer import token_text
 from . import tools as calls
 from .tools import Syntax
 
@@ -77,9 +79,9 @@ class Request:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def parse(kind: str, raw: bytes, model_name: str, tokenizer, context: int, vocab: int, eos: tuple = ()) -> Request:
-    """A POST body of /v1/chat/completions ("chat") or /v1/completions ("completion") -> a Request.
-    `eos`: the model's EOS ids, where a constrained reply ends (steps.eos_token_ids)."""
+def parse(kind: str, raw: bytes, model_name: str, tokenizer, engine) -> Request:
+    """A POST body of /v1/chat/completions ("chat") or /v1/completions ("completion") -> a Request, for the
+    model `engine` (a Model) served as `model_name`; a constraint ends on its EOS ids."""
     body = parse_body(raw)
     check_fields(body, kind)
     model = get(body, "model", lambda v: isinstance(v, str), "a string", model_name)
@@ -101,16 +103,17 @@ def parse(kind: str, raw: bytes, model_name: str, tokenizer, context: int, vocab
         ids, where = completion_prompt(tokenizer, body.get("prompt")), "prompt"
         logprobs = get(body, "logprobs", lambda v: is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS,
                        f"an integer from 0 to {MAX_TOP_LOGPROBS}")
-    check_prompt(ids, where, context, vocab)
+    check_prompt(ids, where, engine)
     stream = get(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     usage = get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = get(usage, "include_usage", lambda v: isinstance(v, bool), "true or false", False,
                         where="stream_options.include_usage")
     known(usage, {"include_usage"}, "stream_options")
-    options = run_options(body, kind, context)
+    options = run_options(body, kind, engine.config.max_position_embeddings)
     if constraint is not None:
         try:
-            options = replace(options, constraint=constraint.bind(tokenizer, vocab, eos))
+            options = replace(options, constraint=constraint.bind(tokenizer, engine.config.vocab_size,
+                                                                  eos_token_ids(engine)))
         except MinigenError as e:
             raise ApiError(400, f"{'tools' if syntax else 'response_format'}: {e}", "tools" if syntax else "response_format")
     return Request(kind, ids, options, model, stream, stream and include_usage, logprobs, syntax,
@@ -377,15 +380,14 @@ def chat_logprobs(body: dict) -> int | None:
     return (top or 0) if wanted else None
 
 
-def check_prompt(ids: list[int], where: str, context: int, vocab: int):
-    if not ids:
-        raise ApiError(400, f"{where}: the prompt is empty (no tokens to start from)", where)
-    outside = next((i for i in ids if not 0 <= i < vocab), None)
-    if outside is not None:
-        raise ApiError(400, f"{where}: token id {outside} is outside the model's vocabulary (0..{vocab - 1})", where)
-    if len(ids) > context:
-        raise ApiError(400, f"{where}: the prompt is {len(ids)} tokens, longer than the model's context of "
-                            f"{context} tokens", where, "context_length_exceeded")
+def check_prompt(ids: list[int], where: str, model) -> None:
+    """The prompt's ids by the one check every command applies (options.check_prompt), as a 400 naming the
+    request field; a prompt longer than the context is OpenAI's context_length_exceeded."""
+    try:
+        check_ids(ids, model, flag=None)
+    except MinigenError as e:
+        code = "context_length_exceeded" if len(ids) > model.config.max_position_embeddings else None
+        raise ApiError(400, f"{where}: {str(e).removeprefix('prompt: ')}", where, code) from None
 
 
 # --- replies -------------------------------------------------------------------------------------------
@@ -469,32 +471,6 @@ def logprob_entry(tokenizer, logits, token: int, k: int) -> tuple:
     return token_text(tokenizer, token) + (float(lp[token]), [token_text(tokenizer, int(i)) + (float(lp[i]),)
                                                               for i in top])
 
-
-def token_text(tokenizer, token: int) -> tuple[str, bytes]:
-    """(the token decoded alone, its bytes): byte-level BPE pieces map back to their bytes, so a token
-    holding part of a UTF-8 character has its true bytes while its text shows U+FFFD."""
-    text = tokenizer.decode([token])
-    piece = tokenizer.id_to_token(token)
-    if piece is not None and all(c in BYTE_OF for c in piece) and "\ufffd" in text:
-        return text, bytes(BYTE_OF[c] for c in piece)
-    if piece is not None and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        return text, bytes([int(piece[3:5], 16)])                            # byte fallback: <0xE2>
-    return text, text.encode("utf-8", "surrogatepass")
-
-
-def _bytes_to_unicode() -> dict:
-    """GPT-2's byte-level alphabet: each byte as a printable character (the inverse is BYTE_OF)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
 
 def chat_logprobs_object(entries: list | None) -> dict | None:
     if entries is None:

@@ -23,11 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from ..files import MiB
-from ..generation.steps import eos_token_ids
 from . import api
 from .output import ClientGone, JobFailed, Locked, Output
 from .prefix import PrefixCache
-from .scheduler import Batched, ForkGate, Job, QueueFull, Scheduler, Stopping
+from ..generation.batch import Batch
+from .scheduler import ForkGate, Job, QueueFull, Scheduler, Stopping
 from .tools import Calls
 
 MAX_BODY = 8 * MiB        # bytes of request body (a prompt of a long context as ids is well under 1 MiB)
@@ -49,18 +49,14 @@ class App:
     def context(self) -> int:
         return self.model.config.max_position_embeddings
 
-    @property
-    def eos(self) -> tuple:
-        return tuple(eos_token_ids(self.model))
-
 
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
           api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
-    """The App of one model, its scheduler started: `batch` defaults to the batch step (Batched)."""
+    """The App of one model, its scheduler started: `batch` defaults to a new Batch of the model."""
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(batch or Batched(model, tokenizer), max_batch, max_queue, prefix, gate)
+    scheduler = Scheduler(Batch(model) if batch is None else batch, max_batch, max_queue, prefix, gate)
     scheduler.start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 
@@ -135,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def generate(self, kind: str):
         a = self.app
-        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.context, a.model.config.vocab_size, a.eos)
+        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.model)
         job = Job(req.ids, req.options)
         try:
             a.scheduler.submit(job)

@@ -1,0 +1,24 @@
+"""Ways to look at or change a forward pass from outside (minigen.inspect): a `Hooks` object passed to the
+forward is called between its steps. Each method gets the layer index and an array and returns the array
+to go on with; these defaults change nothing. A forward with hooks keeps every row on the calling thread,
+so that each method sees whole arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Hooks:
+    def z(self, layer: int, z: np.ndarray) -> np.ndarray:
+        """(T, H, d): each head's output, before the output projection (TransformerLens's hook_z)."""
+        return z
+
+    def attn_out(self, layer: int, a: np.ndarray) -> np.ndarray:
+        """(T, D): what the attention block (or the layer's other token mixer) adds to the residual stream."""
+        return a
+
+    def mlp_out(self, layer: int, m: np.ndarray) -> np.ndarray:
+        """(T, D): what the MLP block adds to the residual stream."""
+        return m
+
+    def resid(self, layer: int, x: np.ndarray) -> None:
+        """(T, D): the residual stream after the layer (read only)."""
