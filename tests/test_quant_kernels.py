@@ -147,3 +147,41 @@ def test_refusals():
         StoredMatrix.quantize(np.zeros((2, 256), np.float32), "Q6_K", "t.w")
     with pytest.raises(MinigenError, match=r"t.w: shape \(2, 100\) cannot be Q4_K"):
         StoredMatrix.quantize(np.zeros((2, 100), np.float32), "Q4_K", "t.w")
+
+
+# --- the int8-activation option ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_int8_equals_its_numpy_twin(kernels, matrices, name):
+    """int8.reference: activations rounded per block of 32 (llama.cpp's quantize_row_q8_0) times the
+    exact weights, in NumPy; the kernel's integer dot products equal it to float32's rounding. And its
+    distance from the exact product, the option's cost, stays what rounding x to int8 gives."""
+    from minigen.engine.quant import int8
+    m, raw = matrices[name]
+    w = dequantize(raw, name)
+    rng = np.random.default_rng(8)
+    for n in [1, 2, 3, 8, 17, 33]:
+        x = rng.standard_normal((n, m.shape[1])).astype(np.float32)
+        y = m.times_int8(x)
+        ref = int8.reference(m, x)
+        scale = np.abs(x) @ np.abs(w).T
+        assert (np.abs(y - ref) <= 1e-5 * scale).all()
+        assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
+
+
+def test_int8_activations_are_llama_cpp_s():
+    """quantize_row_q8_0: d = max|x| / 127, q = roundf(x · (1/d)); a block of zeros gives zeros."""
+    from minigen.engine.quant import int8
+    x = np.zeros((2, 64), np.float32)
+    x[0, :32] = np.linspace(-2, 3, 32)
+    q, d, s = int8.quantize_activations(x)
+    assert d[0, 0] == np.float32(3) / np.float32(127) and d[0, 1] == 0 and d[1, 0] == 0
+    v = x[0, :32] * (np.float32(1) / d[0, 0])
+    assert np.array_equal(q[0, :32], np.where(np.abs(v) % 1 == 0.5, np.trunc(v) + np.sign(v), np.round(v)))
+    assert (q[0, 32:] == 0).all() and s[0, 0] == q[0, :32].sum() and np.abs(q).max() == 127
+
+
+def test_int8_refuses_other_types(kernels, matrices):
+    m, _ = matrices["Q5_K"]
+    with pytest.raises(MinigenError, match="test.Q5_K: Q5_K cannot be multiplied with int8 activations"):
+        m.times_int8(np.zeros((1, m.shape[1]), np.float32))

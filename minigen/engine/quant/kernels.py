@@ -36,6 +36,9 @@ scripts/bench_kernels.py and the figures in `BANDWIDTH` below.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -44,7 +47,6 @@ from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.untyped_passes import TranslateByteCode
 from numba.extending import intrinsic
 
-from .formats import FORMATS
 
 TILE = 64    # outputs per tile
 GROUP = 32   # inputs decoded at a time (every block type's block, or an eighth of a K super-block)
@@ -132,6 +134,19 @@ def _bits(typingctx, b, shift, mask):
     return types.uint8(types.uint8, types.int64, types.uint8), codegen
 
 
+@intrinsic
+def _code(typingctx, lo, lo_shift, hi, hi_shift, hi_mask):
+    """A 5- or 6-bit code as float32: its low 4 bits (lo >> lo_shift) & 15, and above them
+    (hi >> hi_shift) & hi_mask, in 8 bits and one conversion (not a second one and an FMA)."""
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        low = builder.and_(builder.lshr(args[0], builder.trunc(args[1], i8)), ir.Constant(i8, 15))
+        high = builder.and_(builder.lshr(args[2], builder.trunc(args[3], i8)), args[4])
+        code = builder.or_(low, builder.shl(high, ir.Constant(i8, 4)))
+        return builder.uitofp(code, ir.FloatType())
+    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.uint8), codegen
+
+
 # --- one group of 32 inputs of one tile -> its float32 values w (32, 64) --------------------------------
 # blk: the tile's block (R, C) uint8; g: which group of 32 inputs of the block (0 for the legacy types,
 # 0..7 for the K types); s, o (64,): scratch for the group's scale and offset of each output, computed
@@ -146,11 +161,11 @@ def _legacy(blk, w, s, o, row_m, row_qh, row_qs, offset, has_m, bits5):
         o[j] = _half(blk[row_m, j], blk[row_m + 1, j]) if has_m else F32(0)
     for l in range(16):
         for j in range(TILE):
-            b = blk[row_qs + l, j]
-            lo, hi = F32(_bits(b, 0, U8(15))), F32(_bits(b, 4, U8(15)))
             if bits5:
-                lo += F32(16) * F32(_bits(blk[row_qh + (l >> 3), j], l & 7, U8(1)))
-                hi += F32(16) * F32(_bits(blk[row_qh + 2 + (l >> 3), j], l & 7, U8(1)))
+                lo = _code(blk[row_qs + l, j], 0, blk[row_qh + (l >> 3), j], l & 7, U8(1))
+                hi = _code(blk[row_qs + l, j], 4, blk[row_qh + 2 + (l >> 3), j], l & 7, U8(1))
+            else:
+                lo, hi = F32(_bits(blk[row_qs + l, j], 0, U8(15))), F32(_bits(blk[row_qs + l, j], 4, U8(15)))
             if has_m:
                 w[l, j] = s[j] * lo + o[j]
                 w[l + 16, j] = s[j] * hi + o[j]
@@ -182,9 +197,10 @@ def _q45_k(blk, g, w, s, o, row_qs, fifth):
     row, shift = row_qs + 32 * (g >> 1), 4 * (g & 1)
     for l in range(GROUP):
         for j in range(TILE):
-            q = F32(_bits(blk[row + l, j], shift, U8(15)))
             if fifth:
-                q += F32(16) * F32(_bits(blk[16 + l, j], g, U8(1)))
+                q = _code(blk[row + l, j], shift, blk[16 + l, j], g, U8(1))
+            else:
+                q = F32(_bits(blk[row + l, j], shift, U8(15)))
             w[l, j] = s[j] * q - o[j]
 
 
@@ -200,10 +216,12 @@ def _q6_k(blk, g, w, s, o):
         s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
         o[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
     row, shift = 64 * h + 32 * (r & 1), 4 * (r >> 1)
-    for l in range(GROUP):
+    for l in range(16):
         for j in range(TILE):
-            q = _bits(blk[row + l, j], shift, U8(15)) | (_bits(blk[128 + 32 * h + l, j], 2 * r, U8(3)) << U8(4))
-            w[l, j] = (s[j] if l < 16 else o[j]) * (F32(U8(q)) - F32(32))
+            w[l, j] = s[j] * (_code(blk[row + l, j], shift, blk[128 + 32 * h + l, j], 2 * r, U8(3)) - F32(32))
+    for l in range(16, GROUP):
+        for j in range(TILE):
+            w[l, j] = o[j] * (_code(blk[row + l, j], shift, blk[128 + 32 * h + l, j], 2 * r, U8(3)) - F32(32))
 
 
 @njit(inline="always")
@@ -374,7 +392,18 @@ def dequantize(kind, tiles, groups, out):
                         out[TILE * t + j, i0 + i] = w[i, j]
 
 
-def groups_per_block(name: str) -> int:
-    f = FORMATS[name]
-    return max(1, f.block // GROUP)
 
+
+
+@contextmanager
+def threads(n: int | None):
+    """numba's parallel regions on this thread use n threads meanwhile (None: as many as it has)."""
+    if n is None:
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)

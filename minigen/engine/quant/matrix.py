@@ -29,9 +29,9 @@ from .formats import dequantize as dequantize_rows
 from .quantize import QUANTIZERS, quantize_rows
 
 try:   # numba is optional: without it the NumPy path below computes the same products
-    from . import kernels
+    from . import int8, kernels
 except ImportError:   # pragma: no cover - the CI environment has numba
-    kernels = None
+    int8 = kernels = None
 
 HAVE_KERNELS = kernels is not None
 TILE, GROUP = 64, 32
@@ -153,24 +153,37 @@ class StoredMatrix:
         kernels.times(kernels.KINDS[self.type], self.tiles, self.groups, x, y)
         return y
 
+    def times_int8(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
+        llama.cpp's arithmetic, not exact; an option, for Q4_0, Q4_1, Q8_0, Q4_K, Q6_K."""
+        if not HAVE_KERNELS or self.type not in int8.TYPES:
+            why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
+            raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
+        return int8.times_int8(self, x)
+
     def times_blas(self, x: np.ndarray) -> np.ndarray:
-        """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder where numba is
-        installed, else by NumPy), each multiplied by OpenBLAS."""
+        """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
+        numba is installed, else by NumPy), each multiplied by OpenBLAS on its threads. The decoder
+        keeps to the calling thread so that numba's threads never wait beside OpenBLAS's (decoding
+        is a few % of a long product's time; with numba's threads in between, 128 rows of 8960 x
+        1536 took 4-6x as long as the float32 product alone)."""
         out = self.shape[0]
         y = np.empty((len(x), out), np.float32)
         for lo in range(0, out, CHUNK):
-            w = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)))
+            w = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1)
             np.matmul(x, w.T, out=y[:, lo:lo + len(w)])
         return y
 
-    def dequantize_fast(self, rows: slice = slice(None)) -> np.ndarray:
-        """dequantize(rows) by the compiled decoder when there is one (the same values)."""
+    def dequantize_fast(self, rows: slice = slice(None), threads: int | None = None) -> np.ndarray:
+        """dequantize(rows) by the compiled decoder when there is one (the same values), on `threads`
+        of numba's threads (None: all)."""
         if not HAVE_KERNELS:
             return self.dequantize(rows)
         lo, hi, _ = rows.indices(self.shape[0])
         t0, t1 = lo // TILE, -(-hi // TILE)
         w = np.empty(((t1 - t0) * TILE, self.tiles.shape[1] * self.groups * GROUP), np.float32)
-        kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups, w)
+        with kernels.threads(threads):
+            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups, w)
         return w[lo - TILE * t0:hi - TILE * t0, :self.shape[1]]
 
 
