@@ -1,38 +1,46 @@
 """The products with a stored matrix, compiled with numba: y = x @ W.T for float32 rows x (k, in) and a
 matrix W (out, in) kept in its checkpoint's own type, each weight read from memory once for all k rows.
 
-The layout (made once at load, `tile`): tiles of TILE = 64 outputs, each the matrix's blocks with the
-outputs innermost:
+The layout (made once at load, matrix.py): tiles of TILE = 64 outputs, each the matrix's blocks with
+the outputs innermost:
 
     tiles[t, b, r, j]    (T, n_blocks, R, C) uint8
     block types (Q4_0 ... Q8_K): byte r of block b of output 64t + j   (R = the type's bytes per block, C = 64)
     F16, BF16, F32:      input 32b + r of output 64t + j, its 2 or 4 bytes little-endian at j·size ...
                          (R = 32, C = 64 · size: a row viewed as uint16 / float32 is the 64 outputs)
 
-so that byte r of 64 consecutive outputs is 64 contiguous bytes. Every loop below that touches weights
-runs innermost over the tile's 64 outputs, j: 64 independent lanes, which LLVM turns into 8 AVX2
-vectors with no horizontal sum; the two nibbles of a byte are two inputs of one output, so both go to
-the same accumulator. (A loop per output row with a reduction over its inputs ran at 2-4 GB/s here:
-LLVM cannot vectorise a float32 sum it may not reorder.)
+so that byte r of 64 consecutive outputs is 64 contiguous bytes, a vector of 64 lanes. Every loop
+that touches weights is innermost over the tile's 64 outputs (8 AVX2 vectors, no horizontal sum: a
+loop per output row with a reduction over its inputs ran at 2-4 GB/s here, as LLVM may not reorder a
+float32 sum to vectorise it). The two nibbles of a byte are two inputs of one output, so both go to
+the same accumulator; a byte is loaded once for both.
 
-Per tile and per group of 32 inputs, `_decode` writes the group's exact float32 values (32, 64) into
-a small buffer, as formats.py defines them (the same products, each exact: see formats.py), and
-`_accumulate` adds x[:, group] @ that to the tile's (k, 64) accumulators, two rows at a time so that
-each value loaded from the buffer serves both; so a weight is read from memory and decoded once
-whatever k is. Accumulation is float32; the sums run over the inputs in another order than OpenBLAS's,
-so results equal `x @ dequantize().T` to float32's rounding of a sum, not to its last digit.
+A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
+their two nibbles). Per unit:
+- `_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py;
+- for one row (a decode step), `_dot` adds x[unit] · w to the 64 accumulators, w computed from the
+  bytes in registers and never stored;
+- for k rows, `_store` writes the unit's values w (unit, 64) into a buffer in L1 and `_accumulate`
+  adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded once serves
+  both rows); so a weight is read from memory and decoded once whatever k is.
+Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
+see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulation is float32 FMAs in
+the order of the inputs, which is not OpenBLAS's order: results equal `x @ dequantize().T` to float32's
+rounding of a sum, not to its last digit.
 
-The threads: `prange` over tiles, on numba's threading layer (OpenMP where libgomp is found: ~3 us to
-start a parallel region, against ~50 us for numba's own workqueue; its idle threads spin briefly, so a
-kernel should not run while OpenBLAS's threads do: see matrix.py).
+`_dot` and `_store` are LLVM vector IR built here (`_emit_*`, one short function per type reading like
+ggml-quants.c's dequantize_row_*), because numba computes integers in int64, which AVX2 cannot convert
+to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
+(vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 8 registers for
+the whole unit.
 
-Integers: numba computes every integer expression in int64, and an int64 cannot be converted to float
-in an AVX2 vector. Each code is therefore narrowed back to uint8 (`U8(b & 15)`) before its float
-conversion, which LLVM then does on bytes; float16 scales go through `_half`, an LLVM `fpext half`
-(one vcvtph2ps on F16C).
+The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
+start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
+after a kernel, as OpenBLAS's do after a product: a decode step on stored matrices should keep
+OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not take each other's cores.
 
-Measured on this machine (AMD EPYC, Zen 3, 2 cores, AVX2; loaded by other work, so rough): see
-scripts/bench_kernels.py and the figures in `BANDWIDTH` below.
+Measured on this machine (AMD EPYC Zen 3, 2 cores, AVX2, shared with other work: rough): see
+scripts/bench_kernels.py, whose figures docs/weights-as-stored.md records.
 """
 from __future__ import annotations
 
@@ -42,17 +50,22 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.untyped_passes import TranslateByteCode
 from numba.extending import intrinsic
 
-
 TILE = 64    # outputs per tile
-GROUP = 32   # inputs decoded at a time (every block type's block, or an eighth of a K super-block)
+GROUP = 32   # inputs per group: every block type's block, or an eighth of a K super-block
 F32 = np.float32
 U8 = np.uint8
 FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reordered
+
+# each type's number in the kernels' branches, and the inputs of one unit of its tiles
+KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K"])}
+UNIT = {name: 64 if name in ("Q4_K", "Q5_K") else GROUP for name in KINDS}
 
 
 @register_pass(mutates_CFG=False, analysis_only=False)
@@ -80,36 +93,17 @@ class _Compiler(CompilerBase):
 
 JIT = dict(cache=True, fastmath=FAST, error_model="numpy", pipeline_class=_Compiler)
 
-# the decoder of each type, by number: a compile-time branch per group of 32 inputs (not per weight)
-KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K"])}
 
+# --- scalars: float16 and bit fields, in 8 or 16 bits (numba would compute them in int64) -------------
 
 @intrinsic
 def _half(typingctx, lo, hi):
-    """Two bytes of a little-endian float16 -> its float32 value (exact)."""
+    """Two bytes of a little-endian float16 -> its float32 value (exact; vcvtph2ps)."""
     def codegen(context, builder, sig, args):
         i16 = ir.IntType(16)
         bits = builder.or_(builder.zext(args[0], i16), builder.shl(builder.zext(args[1], i16), ir.Constant(i16, 8)))
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
     return types.float32(types.uint8, types.uint8), codegen
-
-
-@intrinsic
-def _half16(typingctx, h):
-    """A float16's 16 bits -> its float32 value."""
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def _bfloat16(typingctx, h):
-    """A bfloat16's 16 bits -> its float32 value: they are its high half."""
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        return builder.bitcast(builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16)), ir.FloatType())
-    return types.float32(types.uint16), codegen
 
 
 @intrinsic
@@ -124,56 +118,6 @@ def _float32(typingctx, b0, b1, b2, b3):
     return types.float32(types.uint8, types.uint8, types.uint8, types.uint8), codegen
 
 
-@intrinsic
-def _bits(typingctx, b, shift, mask):
-    """(b >> shift) & mask on a byte, in 8 bits (shift < 8). numba would compute it in int64 and, for a
-    shift not known at compile time, keep 64-bit lanes."""
-    def codegen(context, builder, sig, args):
-        i8 = ir.IntType(8)
-        return builder.and_(builder.lshr(args[0], builder.trunc(args[1], i8)), args[2])
-    return types.uint8(types.uint8, types.int64, types.uint8), codegen
-
-
-@intrinsic
-def _code(typingctx, lo, lo_shift, hi, hi_shift, hi_mask):
-    """A 5- or 6-bit code as float32: its low 4 bits (lo >> lo_shift) & 15, and above them
-    (hi >> hi_shift) & hi_mask, in 8 bits and one conversion (not a second one and an FMA)."""
-    def codegen(context, builder, sig, args):
-        i8 = ir.IntType(8)
-        low = builder.and_(builder.lshr(args[0], builder.trunc(args[1], i8)), ir.Constant(i8, 15))
-        high = builder.and_(builder.lshr(args[2], builder.trunc(args[3], i8)), args[4])
-        code = builder.or_(low, builder.shl(high, ir.Constant(i8, 4)))
-        return builder.uitofp(code, ir.FloatType())
-    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.uint8), codegen
-
-
-# --- one group of 32 inputs of one tile -> its float32 values w (32, 64) --------------------------------
-# blk: the tile's block (R, C) uint8; g: which group of 32 inputs of the block (0 for the legacy types,
-# 0..7 for the K types); s, o (64,): scratch for the group's scale and offset of each output, computed
-# once per group so that the loop over its 32 inputs only unpacks, converts and scales.
-
-@njit(inline="always")
-def _legacy(blk, w, s, o, row_m, row_qh, row_qs, offset, has_m, bits5):
-    """Q4_0, Q4_1, Q5_0, Q5_1: d (and m) f16 at bytes 0 (and 2); qs byte l holds inputs l (low nibble)
-    and l + 16 (high); Q5's qh bit i the fifth bit of input i: w = d·(q − offset) [+ m]."""
-    for j in range(TILE):
-        s[j] = _half(blk[0, j], blk[1, j])
-        o[j] = _half(blk[row_m, j], blk[row_m + 1, j]) if has_m else F32(0)
-    for l in range(16):
-        for j in range(TILE):
-            if bits5:
-                lo = _code(blk[row_qs + l, j], 0, blk[row_qh + (l >> 3), j], l & 7, U8(1))
-                hi = _code(blk[row_qs + l, j], 4, blk[row_qh + 2 + (l >> 3), j], l & 7, U8(1))
-            else:
-                lo, hi = F32(_bits(blk[row_qs + l, j], 0, U8(15))), F32(_bits(blk[row_qs + l, j], 4, U8(15)))
-            if has_m:
-                w[l, j] = s[j] * lo + o[j]
-                w[l + 16, j] = s[j] * hi + o[j]
-            else:   # no + 0: d·0 may be -0, as in formats.py
-                w[l, j] = s[j] * (lo - offset)
-                w[l + 16, j] = s[j] * (hi - offset)
-
-
 @njit(inline="always")
 def _scale_min_k4(blk, g, j):
     """Group g's 6-bit (sc, m) of a Q4_K / Q5_K block (12 bytes at 4..15), ggml's get_scale_min_k4: g < 4
@@ -185,162 +129,317 @@ def _scale_min_k4(blk, g, j):
     return F32(U8(sc)), F32(U8(m))
 
 
-@njit(inline="always")
-def _q45_k(blk, g, w, s, o, row_qs, fifth):
-    """Q4_K, Q5_K: d, dmin f16 at 0, 2; chunk c = g // 2 of qs holds group 2c in its low nibbles and
-    2c + 1 in its high; Q5_K's qh byte l, bit g, the fifth bit of input l of group g:
-    w = (d·sc)·q − dmin·m."""
-    for j in range(TILE):
-        sc, m = _scale_min_k4(blk, g, j)
-        s[j] = _half(blk[0, j], blk[1, j]) * sc
-        o[j] = _half(blk[2, j], blk[3, j]) * m
-    row, shift = row_qs + 32 * (g >> 1), 4 * (g & 1)
-    for l in range(GROUP):
+# --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
+# s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
+
+@njit(**JIT)
+def _scales(kind, blk, u, s, o, s2, o2):
+    if kind <= 2:        # F32, F16, BF16: none
+        return
+    if kind in (3, 5, 7):    # Q4_0, Q5_0, Q8_0: d
         for j in range(TILE):
-            if fifth:
-                q = _code(blk[row + l, j], shift, blk[16 + l, j], g, U8(1))
-            else:
-                q = F32(_bits(blk[row + l, j], shift, U8(15)))
-            w[l, j] = s[j] * q - o[j]
-
-
-@njit(**JIT)
-def _q6_k(blk, g, w, s, o):
-    """Q6_K: group g is quarter r = g % 4 of half h = g // 4 (128 inputs). Low 4 bits: ql byte 64h +
-    32(r % 2) + l, its low nibble for r < 2, high for r >= 2; high 2 bits: qh byte 128 + 32h + l, bits
-    2r, 2r + 1; scale: int8 byte 192 + 8h + 2r + l // 16 (s for l < 16, o for the rest here); d f16
-    at 208: w = (d·sc)·(q − 32)."""
-    h, r = g >> 2, g & 3
-    for j in range(TILE):
-        d = _half(blk[208, j], blk[209, j])
-        s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
-        o[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
-    row, shift = 64 * h + 32 * (r & 1), 4 * (r >> 1)
-    for l in range(16):
+            s[j] = _half(blk[0, j], blk[1, j])
+    elif kind in (4, 6):     # Q4_1, Q5_1: d, m
         for j in range(TILE):
-            w[l, j] = s[j] * (_code(blk[row + l, j], shift, blk[128 + 32 * h + l, j], 2 * r, U8(3)) - F32(32))
-    for l in range(16, GROUP):
+            s[j] = _half(blk[0, j], blk[1, j])
+            o[j] = _half(blk[2, j], blk[3, j])
+    elif kind in (8, 9):     # Q4_K, Q5_K: groups 2u and 2u + 1, w = (d·sc)·q − dmin·m
         for j in range(TILE):
-            w[l, j] = o[j] * (_code(blk[row + l, j], shift, blk[128 + 32 * h + l, j], 2 * r, U8(3)) - F32(32))
-
-
-@njit(inline="always")
-def _q8(blk, g, w, s, row_qs, wide_d):
-    """Q8_0 (d f16 at 0) and Q8_K (d f32 at 0): w = d·q, q int8."""
-    for j in range(TILE):
-        s[j] = _float32(blk[0, j], blk[1, j], blk[2, j], blk[3, j]) if wide_d else _half(blk[0, j], blk[1, j])
-    for l in range(GROUP):
+            d, dmin = _half(blk[0, j], blk[1, j]), _half(blk[2, j], blk[3, j])
+            sc, m = _scale_min_k4(blk, 2 * u, j)
+            s[j], o[j] = d * sc, dmin * m
+            sc, m = _scale_min_k4(blk, 2 * u + 1, j)
+            s2[j], o2[j] = d * sc, dmin * m
+    elif kind == 10:         # Q6_K: group u = quarter r of half h, int8 scales of its two halves of 16
+        h, r = u >> 2, u & 3
         for j in range(TILE):
-            w[l, j] = s[j] * F32(np.int8(blk[row_qs + 32 * g + l, j]))
-
-
-@njit(**JIT)
-def _q4_0(blk, g, w, s, o):
-    _legacy(blk, w, s, o, 0, 0, 2, F32(8), False, False)
-
-
-@njit(**JIT)
-def _q4_1(blk, g, w, s, o):
-    _legacy(blk, w, s, o, 2, 0, 4, F32(0), True, False)
-
-
-@njit(**JIT)
-def _q5_0(blk, g, w, s, o):
-    _legacy(blk, w, s, o, 0, 2, 6, F32(16), False, True)
-
-
-@njit(**JIT)
-def _q5_1(blk, g, w, s, o):
-    _legacy(blk, w, s, o, 2, 4, 8, F32(0), True, True)
-
-
-@njit(**JIT)
-def _q8_0(blk, g, w, s, o):
-    _q8(blk, g, w, s, 2, False)
-
-
-@njit(**JIT)
-def _q8_k(blk, g, w, s, o):
-    _q8(blk, g, w, s, 4, True)
-
-
-@njit(**JIT)
-def _q4_k(blk, g, w, s, o):
-    _q45_k(blk, g, w, s, o, 16, False)
-
-
-@njit(**JIT)
-def _q5_k(blk, g, w, s, o):
-    _q45_k(blk, g, w, s, o, 48, True)
-
-
-@njit(**JIT)
-def _f32(blk, g, w, s, o):
-    """F32, F16, BF16: the tile's 64 outputs for 32 inputs, as they are."""
-    v = blk.view(np.float32)
-    for l in range(GROUP):
+            d = _half(blk[208, j], blk[209, j])
+            s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
+            s2[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
+    else:                    # Q8_K: d float32
         for j in range(TILE):
-            w[l, j] = v[l, j]
+            s[j] = _float32(blk[0, j], blk[1, j], blk[2, j], blk[3, j])
 
+
+# --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
+# A unit is emitted as a loop over its inputs, in passes of 32 outputs: 4 pieces of 8 outputs, one AVX2
+# vector each. Per input, each piece's bytes are loaded (8 at a time, zero-extended to 32 bits by
+# vpmovzxbd), turned into codes and values, and stored, or accumulated into two accumulators per piece
+# taken in turn (8 independent FMA chains hide an FMA's latency). A loop, not straight-line code: with
+# 32 inputs unrolled LLVM scheduled every load first and spilled most of what it loaded.
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+FLOAT = ir.FloatType()
+LANES, PASS = 8, 32
+
+
+def _vec(t, n=LANES):
+    return ir.VectorType(t, n)
+
+
+def _splat_const(t, value):
+    return ir.Constant(_vec(t), [value] * LANES)
+
+
+class _Unit:
+    """IR for one pass over one unit of one tile block: the pieces' byte rows, codes and scales, and
+    where each value w of input l goes (`put`: a buffer row, or accumulated as x[l]·w)."""
+
+    def __init__(self, context, builder, sig, args, dot: bool, pieces):
+        self.b = b = builder
+        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        self.base = b.bitcast(arr(0).data, I8.as_pointer())
+        self.u = args[1]
+        self.pieces = pieces                          # first output of each piece
+        scales = [b.bitcast(arr(i).data, FLOAT.as_pointer()) for i in (2, 3, 4, 5)]
+        self.scales = [[self.load(p, j, FLOAT) for j in pieces] for p in scales]
+        self.x = b.bitcast(arr(6).data, FLOAT.as_pointer())
+        self.x0 = args[7]
+        self.out = b.bitcast(arr(8).data, FLOAT.as_pointer())
+        self.dot = dot
+        self.fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        if dot:   # acc[piece][turn], in allocas that LLVM keeps in registers
+            self.acc = [[cgutils.alloca_once(b, _vec(FLOAT)) for _ in range(2)] for _ in pieces]
+            for j, (a, c) in zip(pieces, self.acc):
+                b.store(self.load(self.out, j, FLOAT), a)
+                b.store(ir.Constant(_vec(FLOAT), [0.0] * LANES), c)
+
+    def i64(self, v):
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def add(self, *terms):
+        total = self.i64(terms[0])
+        for t in terms[1:]:
+            total = self.b.add(total, self.i64(t))
+        return total
+
+    def mul(self, a, k: int):
+        return self.b.mul(self.i64(a), ir.Constant(I64, k))
+
+    def load(self, ptr, at, t):
+        p = self.b.gep(ptr, [self.i64(at)])
+        return self.b.load(self.b.bitcast(p, _vec(t).as_pointer()), align=1)
+
+    def row(self, r, t=I8):
+        """Row r of the block, one <8 x t> per piece (t: i8 for block types; i16 / float for F16, BF16, F32)."""
+        size = t.width // 8 if isinstance(t, ir.IntType) else 4
+        base = self.b.bitcast(self.b.gep(self.base, [self.mul(r, TILE * size)]), t.as_pointer())
+        return [self.load(base, j, t) for j in self.pieces]
+
+    def splat(self, value, t):
+        v = self.b.insert_element(ir.Constant(_vec(t), ir.Undefined), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, v, ir.Constant(_vec(I32), [0] * LANES))
+
+    def bits(self, v, shift, mask):
+        """(v >> shift) & mask for a piece <8 x i8> (shift: a Python int or an IR i64), as <8 x i32>."""
+        b = self.b
+        v = b.zext(v, _vec(I32))
+        amount = _splat_const(I32, shift) if isinstance(shift, int) else self.splat(b.trunc(shift, I32), I32)
+        return b.and_(b.lshr(v, amount), _splat_const(I32, mask))
+
+    def fifth(self, code, high_bits):
+        """code | (high_bits << 4), <8 x i32>."""
+        return self.b.or_(code, self.b.shl(high_bits, _splat_const(I32, 4)))
+
+    def float(self, code, offset=0):
+        """A code <8 x i32> minus offset, as float (exact: |code| < 2^24)."""
+        if offset:
+            code = self.b.sub(code, _splat_const(I32, offset))
+        return self.b.sitofp(code, _vec(FLOAT))
+
+    def put(self, l, ws, turn=0):
+        """Input l of the unit (an IR i64) has values ws (one <8 x float> per piece)."""
+        b = self.b
+        if self.dot:
+            x = self.splat(b.load(b.gep(self.x, [b.add(self.x0, l)])), FLOAT)
+            for w, acc in zip(ws, self.acc):
+                b.store(b.call(self.fma, [x, w, b.load(acc[turn])]), acc[turn])
+        else:
+            for j, w in zip(self.pieces, ws):
+                at = b.gep(self.out, [self.add(self.mul(l, TILE), j)])
+                b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
+
+    def finish(self):
+        if self.dot:
+            b = self.b
+            for j, (a, c) in zip(self.pieces, self.acc):
+                at = b.bitcast(b.gep(self.out, [ir.Constant(I64, j)]), _vec(FLOAT).as_pointer())
+                b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
+
+
+def _kernel_pair(emit, count: int, doc: str):
+    """Two intrinsics (store, dot), signature (blk, u, s, o, s2, o2, x, x0, out): for each pass of 32
+    outputs, a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
+    def make(dot: bool):
+        @intrinsic
+        def fn(typingctx, blk, u, s, o, s2, o2, x, x0, out):
+            def codegen(context, builder, sig, args):
+                for first in range(0, TILE, PASS):
+                    unit = _Unit(context, builder, sig, args, dot, range(first, first + PASS, LANES))
+                    with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
+                        emit(unit, loop.index)
+                    unit.finish()
+                return context.get_dummy_value()
+            return types.none(blk, u, s, o, s2, o2, x, x0, out), codegen
+        fn.__doc__ = doc
+        return fn
+    return make(False), make(True)
+
+
+def _emit_floats(u: _Unit, l, kind: str):
+    """F32, F16, BF16: row l of the block is input l of the 64 outputs."""
+    b = u.b
+    if kind == "F32":
+        ws = u.row(l, FLOAT)
+    elif kind == "F16":
+        ws = [b.fpext(b.bitcast(v, _vec(ir.HalfType())), _vec(FLOAT)) for v in u.row(l, I16)]
+    else:   # bfloat16 is the high half of a float32
+        ws = [b.bitcast(b.shl(b.zext(v, _vec(I32)), _splat_const(I32, 16)), _vec(FLOAT)) for v in u.row(l, I16)]
+    u.put(l, ws)
+
+
+def _emit_legacy(u: _Unit, l, row_qh: int, row_qs: int, offset: int, has_m: bool):
+    """Q4_0, Q4_1, Q5_0, Q5_1 (l < 16): qs byte l holds inputs l (low nibble) and l + 16 (high); Q5's qh
+    bit i (byte i // 8, bit i % 8) is input i's fifth bit. w = d·(q − offset), or d·q + m."""
+    b = u.b
+    qs = u.row(u.add(row_qs, l))
+    lo, hi = [u.bits(v, 0, 15) for v in qs], [u.bits(v, 4, 15) for v in qs]
+    if row_qh:
+        byte, bit = b.lshr(l, u.i64(3)), b.and_(l, u.i64(7))
+        lo = [u.fifth(c, u.bits(h, bit, 1)) for c, h in zip(lo, u.row(u.add(row_qh, byte)))]
+        hi = [u.fifth(c, u.bits(h, bit, 1)) for c, h in zip(hi, u.row(u.add(row_qh + 2, byte)))]
+    d, m = u.scales[0], u.scales[1]
+    for turn, (i, codes) in enumerate(((l, lo), (u.add(l, 16), hi))):
+        if has_m:
+            u.put(i, [b.call(u.fma, [dj, u.float(q), mj]) for dj, q, mj in zip(d, codes, m)], turn)
+        else:
+            u.put(i, [b.fmul(dj, u.float(q, offset)) for dj, q in zip(d, codes)], turn)
+
+
+def _emit_q8(u: _Unit, l, row_qs: int):
+    """Q8_0 (one block of 32) and Q8_K (unit u of 8): w = d·q, q int8."""
+    b = u.b
+    first = u.add(row_qs, u.mul(u.u, GROUP)) if row_qs == 4 else u.i64(row_qs)
+    qs = u.row(b.add(first, l))
+    u.put(l, [b.fmul(d, b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT))) for d, v in zip(u.scales[0], qs)])
+
+
+def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
+    """Q4_K, Q5_K, unit c = groups 2c, 2c + 1: qs byte row_qs + 32c + l holds input l of group 2c (low
+    nibble) and of 2c + 1 (high); Q5_K's qh byte 16 + l, bit g: the fifth bit of input l of group g.
+    w = (d·sc)·q − dmin·m, i.e. fma(s, q, −o) (s·q is exact, so fused or not it rounds once)."""
+    b = u.b
+    qs = u.row(u.add(u.mul(u.u, 32), row_qs, l))
+    lo, hi = [u.bits(v, 0, 15) for v in qs], [u.bits(v, 4, 15) for v in qs]
+    if fifth:
+        qh = u.row(u.add(16, l))
+        g = u.mul(u.u, 2)
+        lo = [u.fifth(c, u.bits(h, g, 1)) for c, h in zip(lo, qh)]
+        hi = [u.fifth(c, u.bits(h, b.add(g, u.i64(1)), 1)) for c, h in zip(hi, qh)]
+    for turn, (i, codes, s, o) in enumerate(((l, lo, 0, 1), (u.add(l, 32), hi, 2, 3))):
+        u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(u.scales[s], codes, u.scales[o])], turn)
+
+
+def _emit_q6(u: _Unit, l, half: int):
+    """Q6_K, unit g = quarter r of half h, inputs 16·half + l (l < 16): low 4 bits in ql byte 64h +
+    32(r % 2) + 16·half + l (low nibble for r < 2, high for r >= 2), high 2 bits in qh byte 128 + 32h +
+    16·half + l, bits 2r, 2r + 1. w = (d·sc)·(q − 32), sc the scale of the half (s, s2)."""
+    b = u.b
+    h, r = b.lshr(u.u, u.i64(2)), b.and_(u.u, u.i64(3))
+    i = u.add(l, 16 * half)
+    low = [u.bits(v, u.mul(b.lshr(r, u.i64(1)), 4), 15) for v in u.row(u.add(u.mul(h, 64), u.mul(b.and_(r, u.i64(1)), 32), i))]
+    high = [u.bits(v, u.mul(r, 2), 3) for v in u.row(u.add(u.mul(h, 32), 128, i))]
+    scale = u.scales[2 * half]
+    u.put(i, [b.fmul(s, u.float(u.fifth(lo, hi), 32)) for s, lo, hi in zip(scale, low, high)], half)
+
+
+def _emit_q6_both(u: _Unit, l):
+    _emit_q6(u, l, 0)
+    _emit_q6(u, l, 1)
+
+
+_store_f32, _dot_f32 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
+_store_f16, _dot_f16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
+_store_bf16, _dot_bf16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
+_store_q4_0, _dot_q4_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
+_store_q4_1, _dot_q4_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
+_store_q5_0, _dot_q5_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
+_store_q5_1, _dot_q5_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
+_store_q8_0, _dot_q8_0 = _kernel_pair(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
+_store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]")
+_store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]")
+_store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
+_store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
 
 @njit(**JIT)
-def _f16(blk, g, w, s, o):
-    h = blk.view(np.uint16)
-    for l in range(GROUP):
-        for j in range(TILE):
-            w[l, j] = _half16(h[l, j])
-
-
-@njit(**JIT)
-def _bf16(blk, g, w, s, o):
-    h = blk.view(np.uint16)
-    for l in range(GROUP):
-        for j in range(TILE):
-            w[l, j] = _bfloat16(h[l, j])
-
-
-@njit(**JIT)
-def _decode(kind, blk, g, w, s, o):
-    """Group g of the tile's block blk -> w (32, 64) float32, by the type's number (KINDS)."""
-    if kind == 0:
-        _f32(blk, g, w, s, o)
-    elif kind == 1:
-        _f16(blk, g, w, s, o)
-    elif kind == 2:
-        _bf16(blk, g, w, s, o)
-    elif kind == 3:
-        _q4_0(blk, g, w, s, o)
-    elif kind == 4:
-        _q4_1(blk, g, w, s, o)
-    elif kind == 5:
-        _q5_0(blk, g, w, s, o)
-    elif kind == 6:
-        _q5_1(blk, g, w, s, o)
-    elif kind == 7:
-        _q8_0(blk, g, w, s, o)
-    elif kind == 8:
-        _q4_k(blk, g, w, s, o)
-    elif kind == 9:
-        _q5_k(blk, g, w, s, o)
-    elif kind == 10:
-        _q6_k(blk, g, w, s, o)
+def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
+    """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
+    _scales(kind, blk, u, s, o, s2, o2)
+    if dot:
+        if kind == 0:
+            _dot_f32(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 1:
+            _dot_f16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 2:
+            _dot_bf16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 3:
+            _dot_q4_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 4:
+            _dot_q4_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 5:
+            _dot_q5_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 6:
+            _dot_q5_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 7:
+            _dot_q8_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 8:
+            _dot_q4_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 9:
+            _dot_q5_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 10:
+            _dot_q6_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _dot_q8_k(blk, u, s, o, s2, o2, x, x0, out)
     else:
-        _q8_k(blk, g, w, s, o)
+        if kind == 0:
+            _store_f32(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 1:
+            _store_f16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 2:
+            _store_bf16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 3:
+            _store_q4_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 4:
+            _store_q4_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 5:
+            _store_q5_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 6:
+            _store_q5_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 7:
+            _store_q8_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 8:
+            _store_q4_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 9:
+            _store_q5_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 10:
+            _store_q6_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _store_q8_k(blk, u, s, o, s2, o2, x, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
 
 @njit(**JIT)
-def _accumulate(acc, x, i0, w):
-    """acc (k, 64) += x[:, i0:i0 + 32] @ w (32, 64): two rows at a time, four inputs at a time, so that
-    a value of w loaded once serves two rows and an accumulator is loaded and stored once per four
-    inputs; the last row alone, eight inputs at a time."""
+def _accumulate(acc, x, i0, w, n_in):
+    """acc (k, 64) += x[:, i0:i0 + n_in] @ w[:n_in] (n_in a multiple of 8): two rows at a time, four
+    inputs at a time, so that a value of w loaded once serves two rows and an accumulator is loaded and
+    stored once per four inputs; the last row alone, eight inputs at a time."""
     k = acc.shape[0]
     n = 0
     while n + 1 < k:
         a, b = acc[n], acc[n + 1]
         xa, xb = x[n], x[n + 1]
-        for i in range(0, GROUP, 4):
+        for i in range(0, n_in, 4):
             a0, a1, a2, a3 = xa[i0 + i], xa[i0 + i + 1], xa[i0 + i + 2], xa[i0 + i + 3]
             b0, b1, b2, b3 = xb[i0 + i], xb[i0 + i + 1], xb[i0 + i + 2], xb[i0 + i + 3]
             w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
@@ -350,7 +449,7 @@ def _accumulate(acc, x, i0, w):
         n += 2
     if n < k:
         a, xa = acc[n], x[n]
-        for i in range(0, GROUP, 8):
+        for i in range(0, n_in, 8):
             a0, a1, a2, a3 = xa[i0 + i], xa[i0 + i + 1], xa[i0 + i + 2], xa[i0 + i + 3]
             a4, a5, a6, a7 = xa[i0 + i + 4], xa[i0 + i + 5], xa[i0 + i + 6], xa[i0 + i + 7]
             for j in range(TILE):
@@ -359,40 +458,44 @@ def _accumulate(acc, x, i0, w):
 
 
 @njit(parallel=True, **JIT)
-def times(kind, tiles, groups, x, y):
+def times(kind, tiles, units, unit_in, x, y):
     """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
-    blocks hold `groups` groups of 32 inputs each. y may be narrower than T·64 (the last tile's padding)."""
+    blocks hold `units` units of `unit_in` inputs. y may be narrower than T·64 (the last tile's padding)."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     k, out = x.shape[0], y.shape[1]
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
-        w, s, o = np.empty((GROUP, TILE), F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        w = np.empty((64, TILE), F32)
+        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
         for b in range(n_blocks):
-            for g in range(groups):
-                _decode(kind, tiles[t, b], g, w, s, o)
-                _accumulate(acc, x, GROUP * (groups * b + g), w)
+            for u in range(units):
+                i0 = unit_in * (units * b + u)
+                if k == 1:
+                    _unit(kind, True, tiles[t, b], u, s, o, s2, o2, x[0], i0, acc[0])
+                else:
+                    _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x[0], i0, w)
+                    _accumulate(acc, x, i0, w, unit_in)
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
                 y[n, TILE * t + j] = acc[n, j]
 
 
 @njit(parallel=True, **JIT)
-def dequantize(kind, tiles, groups, out):
+def dequantize(kind, tiles, units, unit_in, out):
     """out (n_out, in) float32 = the values of W, from its tiles, as `times` sees them."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     n_out = out.shape[0]
     for t in prange(n_tiles):
-        w, s, o = np.empty((GROUP, TILE), F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        w = np.empty((64, TILE), F32)
+        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        x = np.empty(1, F32)
         for b in range(n_blocks):
-            for g in range(groups):
-                _decode(kind, tiles[t, b], g, w, s, o)
-                i0 = GROUP * (groups * b + g)
+            for u in range(units):
+                _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x, 0, w)
+                i0 = unit_in * (units * b + u)
                 for j in range(min(TILE, n_out - TILE * t)):
-                    for i in range(GROUP):
+                    for i in range(unit_in):
                         out[TILE * t + j, i0 + i] = w[i, j]
-
-
-
 
 
 @contextmanager

@@ -101,6 +101,11 @@ class StoredMatrix:
         """Groups of 32 inputs in one block of the tiles."""
         return max(1, FORMATS[self.type].block // GROUP) if self.type not in FLOATS else 1
 
+    @property
+    def unit(self) -> int:
+        """Inputs the kernels decode at a time (kernels.UNIT: 64 for Q4_K and Q5_K, else 32)."""
+        return 64 if self.type in ("Q4_K", "Q5_K") else GROUP
+
     def __repr__(self) -> str:
         return f"StoredMatrix({self.name!r}, {self.type}, {self.shape})"
 
@@ -150,7 +155,7 @@ class StoredMatrix:
         """The numba kernel, whatever N (tests and benchmarks call it directly)."""
         x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
         y = np.empty((len(x), self.shape[0]), np.float32)
-        kernels.times(kernels.KINDS[self.type], self.tiles, self.groups, x, y)
+        kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
         return y
 
     def times_int8(self, x: np.ndarray) -> np.ndarray:
@@ -183,7 +188,7 @@ class StoredMatrix:
         t0, t1 = lo // TILE, -(-hi // TILE)
         w = np.empty(((t1 - t0) * TILE, self.tiles.shape[1] * self.groups * GROUP), np.float32)
         with kernels.threads(threads):
-            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups, w)
+            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w)
         return w[lo - TILE * t0:hi - TILE * t0, :self.shape[1]]
 
 
