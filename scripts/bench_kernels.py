@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from minigen.engine.quant import FORMATS, StoredMatrix   # noqa: E402
 from minigen.engine.quant import matrix as matrix_module             # noqa: E402
 
+INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # minigen.engine.quant.int8.TYPES
 SHAPES = ["49152x576", "3072x576", "576x1536", "960x576", "151936x1536", "8960x1536", "1536x8960", "2048x1536"]
 ROWS = [1, 2, 4, 8, 16, 32, 512]
 
@@ -73,8 +74,8 @@ def make_matrix(name: str, out: int, n_in: int, rng) -> StoredMatrix:
 def bench(m: StoredMatrix, w32: np.ndarray, rows: int, repeat: int, int8) -> dict[str, float]:
     x = np.random.default_rng(rows).standard_normal((rows, m.shape[1]), dtype=np.float32)
     calls = {"kernel": lambda: m.times_kernel(x), "blas": lambda: x @ w32.T, "times": lambda: m.times(x)}
-    if int8 is not None and rows <= 32:
-        calls["int8"] = lambda: int8(m, x)
+    if int8 is not None and rows <= 32 and m.type in INT8_TYPES:
+        calls["int8"] = lambda: m.times_int8(x)
     if rows > 64:
         repeat = max(3, repeat // 4)
     for f in calls.values():
@@ -99,8 +100,8 @@ def bench_gguf(path: str, repeat: int, rows: int, int8) -> None:
         mats.append(StoredMatrix.from_bytes(np.asarray(t.data), t.tensor_type.name, shape, t.name))
     x = {m.shape[1]: np.random.default_rng(1).standard_normal((rows, m.shape[1]), dtype=np.float32) for m in mats}
     fns = {"kernel": lambda m: m.times_kernel(x[m.shape[1]])}
-    if int8 is not None:
-        fns["int8"] = lambda m: int8(m, x[m.shape[1]])
+    if int8 is not None:   # the types int8 does not multiply go through the exact kernel there too
+        fns["int8"] = lambda m: (m.times_int8 if m.type in INT8_TYPES else m.times_kernel)(x[m.shape[1]])
     for m in mats:
         for f in fns.values():
             f(m)
@@ -139,9 +140,7 @@ def main() -> None:
     args = p.parse_args()
     if not matrix_module.HAVE_KERNELS:
         sys.exit("numba is not installed: there is no kernel to measure")
-    int8 = None
-    if args.int8:
-        from minigen.engine.quant.int8 import times_int8 as int8
+    int8 = True if args.int8 else None
     if args.gguf:
         bench_gguf(args.gguf, args.repeat, args.gguf_rows, int8)
         return
@@ -158,7 +157,7 @@ def main() -> None:
             w32 = m.dequantize_fast().copy()
             print(f"\n{name} {out}x{n_in}: {m.nbytes / 1e6:.1f} MB stored, {w32.nbytes / 1e6:.1f} MB float32")
             print("  rows  kernel ms   GB/s  of bw   x k=1 | blas ms  x k=1 | blas/kernel | times ms" +
-                  ("  int8 ms  int8/kernel" if int8 else ""))
+                  ("  int8 ms  int8/kernel" if int8 and name in INT8_TYPES else ""))
             one = {}
             for rows in args.rows:
                 t = bench(m, w32, rows, args.repeat, int8)

@@ -151,7 +151,7 @@ def test_refusals():
 
 # --- the int8-activation option ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_int8_equals_its_numpy_twin(kernels, matrices, name):
     """int8.reference: activations rounded per block of 32 (llama.cpp's quantize_row_q8_0) times the
     exact weights, in NumPy; the kernel's integer dot products equal it to float32's rounding. And its

@@ -118,17 +118,6 @@ def _float32(typingctx, b0, b1, b2, b3):
     return types.float32(types.uint8, types.uint8, types.uint8, types.uint8), codegen
 
 
-@njit(inline="always")
-def _scale_min_k4(blk, g, j):
-    """Group g's 6-bit (sc, m) of a Q4_K / Q5_K block (12 bytes at 4..15), ggml's get_scale_min_k4: g < 4
-    keeps its 6 bits in bytes g and g + 4; g >= 4 keeps 4 in byte g + 4 and 2 atop bytes g − 4 and g."""
-    if g < 4:
-        return F32(blk[4 + g, j] & U8(63)), F32(blk[8 + g, j] & U8(63))
-    sc = (blk[8 + g, j] & U8(15)) | ((blk[g, j] >> U8(6)) << U8(4))
-    m = (blk[8 + g, j] >> U8(4)) | ((blk[4 + g, j] >> U8(6)) << U8(4))
-    return F32(U8(sc)), F32(U8(m))
-
-
 # --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
 # s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
 
@@ -143,13 +132,8 @@ def _scales(kind, blk, u, s, o, s2, o2):
         for j in range(TILE):
             s[j] = _half(blk[0, j], blk[1, j])
             o[j] = _half(blk[2, j], blk[3, j])
-    elif kind in (8, 9):     # Q4_K, Q5_K: groups 2u and 2u + 1, w = (d·sc)·q − dmin·m
-        for j in range(TILE):
-            d, dmin = _half(blk[0, j], blk[1, j]), _half(blk[2, j], blk[3, j])
-            sc, m = _scale_min_k4(blk, 2 * u, j)
-            s[j], o[j] = d * sc, dmin * m
-            sc, m = _scale_min_k4(blk, 2 * u + 1, j)
-            s2[j], o2[j] = d * sc, dmin * m
+    elif kind in (8, 9):     # Q4_K, Q5_K: computed in the IR from the block's bytes (_k4_scales)
+        return
     elif kind == 10:         # Q6_K: group u = quarter r of half h, int8 scales of its two halves of 16
         h, r = u >> 2, u & 3
         for j in range(TILE):
@@ -179,6 +163,32 @@ def _vec(t, n=LANES):
 
 def _splat_const(t, value):
     return ir.Constant(_vec(t), [value] * LANES)
+
+
+def _k4_scales(b, row, g):
+    """(s, o) = (d·sc, dmin·m) of group g (an IR i64) of a Q4_K / Q5_K block, from its byte rows
+    (row(r) -> <n x i8>): get_scale_min_k4 on vectors, both of its forms computed and one selected."""
+    def half(r):
+        lo, hi = row(r), row(r + 1)
+        n = lo.type.count
+        bits = b.or_(b.zext(lo, ir.VectorType(I16, n)), b.shl(b.zext(hi, ir.VectorType(I16, n)), ir.Constant(ir.VectorType(I16, n), [8] * n)))
+        return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), n)), ir.VectorType(FLOAT, n))
+
+    n = row(0).type.count
+    c = lambda v: ir.Constant(ir.VectorType(I8, n), [v] * n)
+    i64 = lambda v: ir.Constant(I64, v)
+    small = b.icmp_signed("<", g, i64(4))
+    # the 12 scale bytes are block rows 4..15; group g reads rows 4 + g, 8 + g (g < 4) or 8 + g, g, 4 + g
+    a = row(b.add(g, i64(4)))     # g < 4: sc's 6 bits; g >= 4: m's top 2 bits (>> 6)
+    m_lo = row(b.add(g, i64(8)))  # g < 4: m's 6 bits; g >= 4: sc's low 4 bits and m's low 4 bits
+    top = row(g)                  # g >= 4: sc's top 2 bits (>> 6)
+    sc_small, m_small = b.and_(a, c(63)), b.and_(m_lo, c(63))
+    sc_big = b.or_(b.and_(m_lo, c(15)), b.shl(b.lshr(top, c(6)), c(4)))
+    m_big = b.or_(b.lshr(m_lo, c(4)), b.shl(b.lshr(a, c(6)), c(4)))
+    to_float = lambda v: b.uitofp(v, ir.VectorType(FLOAT, n))
+    sc = to_float(b.select(small, sc_small, sc_big))
+    m = to_float(b.select(small, m_small, m_big))
+    return b.fmul(half(0), sc), b.fmul(half(2), m)
 
 
 class _Unit:
@@ -267,15 +277,18 @@ class _Unit:
                 b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
 
 
-def _kernel_pair(emit, count: int, doc: str):
+def _kernel_pair(emit, count: int, doc: str, prepare=None):
     """Two intrinsics (store, dot), signature (blk, u, s, o, s2, o2, x, x0, out): for each pass of 32
-    outputs, a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
+    outputs, prepare(unit) if given, then a loop of `count` steps, each emit(unit, l) for l = its index
+    (an IR i64)."""
     def make(dot: bool):
         @intrinsic
         def fn(typingctx, blk, u, s, o, s2, o2, x, x0, out):
             def codegen(context, builder, sig, args):
                 for first in range(0, TILE, PASS):
                     unit = _Unit(context, builder, sig, args, dot, range(first, first + PASS, LANES))
+                    if prepare:
+                        prepare(unit)
                     with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
                         emit(unit, loop.index)
                     unit.finish()
@@ -324,6 +337,16 @@ def _emit_q8(u: _Unit, l, row_qs: int):
     u.put(l, [b.fmul(d, b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT))) for d, v in zip(u.scales[0], qs)])
 
 
+def _k45_scales(u: _Unit):
+    """Q4_K, Q5_K unit c: the scales of groups 2c (s, o) and 2c + 1 (s2, o2), from the block's bytes."""
+    b = u.b
+    pieces = [_k4_scales(b, lambda r, j=j: u.row(r)[j], g) for g in (u.mul(u.u, 2), u.add(u.mul(u.u, 2), 1))
+              for j in range(len(u.pieces))]
+    n = len(u.pieces)
+    u.scales = [[pieces[j][0] for j in range(n)], [pieces[j][1] for j in range(n)],
+                [pieces[n + j][0] for j in range(n)], [pieces[n + j][1] for j in range(n)]]
+
+
 def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
     """Q4_K, Q5_K, unit c = groups 2c, 2c + 1: qs byte row_qs + 32c + l holds input l of group 2c (low
     nibble) and of 2c + 1 (high); Q5_K's qh byte 16 + l, bit g: the fifth bit of input l of group g.
@@ -366,8 +389,8 @@ _store_q4_1, _dot_q4_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 4, 0, T
 _store_q5_0, _dot_q5_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
 _store_q5_1, _dot_q5_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
 _store_q8_0, _dot_q8_0 = _kernel_pair(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
-_store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]")
-_store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]")
+_store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]", _k45_scales)
+_store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
 _store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
 _store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
 

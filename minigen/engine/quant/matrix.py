@@ -160,7 +160,8 @@ class StoredMatrix:
 
     def times_int8(self, x: np.ndarray) -> np.ndarray:
         """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
-        llama.cpp's arithmetic, not exact; an option, for Q4_0, Q4_1, Q8_0, Q4_K, Q6_K."""
+        llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+        Q6_K); a model multiplies its other types' matrices with the exact kernel."""
         if not HAVE_KERNELS or self.type not in int8.TYPES:
             why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
             raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
