@@ -26,11 +26,13 @@ scales (the kernels' speed does not depend on the values).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")   # as minigen/__init__.py sets it, before NumPy loads OpenBLAS
+import numpy as np   # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -128,6 +130,36 @@ def bench_gguf(path: str, repeat: int, rows: int, int8) -> None:
                   f"({size / median(v) / 1e9:.1f} GB/s, {weights / median(v) / 1e9:.1f} G weights/s)")
 
 
+def bench_interplay(repeat: int) -> None:
+    """The two thread pools side by side: a numba kernel (Q4_K 8960x1536, one row) alone, right after an
+    OpenBLAS product on its threads (whose helpers then spin ~OPENBLAS_THREAD_TIMEOUT), and right after
+    one with OpenBLAS kept to one thread (parallel.blas_alone); and the OpenBLAS product alone and right
+    after a kernel (whose OpenMP helper spins in turn)."""
+    from minigen.engine import parallel
+    rng = np.random.default_rng(0)
+    m = make_matrix("Q4_K", 8960, 1536, rng)
+    x = rng.standard_normal((1, 1536), dtype=np.float32)
+    a, b = rng.standard_normal((64, 1536), dtype=np.float32), rng.standard_normal((1536, 1536), dtype=np.float32)
+    kernel, blas = (lambda: m.times_kernel(x)), (lambda: a @ b)
+    cases = {"kernel alone": [], "kernel after OpenBLAS (2 threads)": [], "kernel after OpenBLAS (1 thread)": [],
+             "OpenBLAS alone": [], "OpenBLAS after kernel": []}
+    kernel(), blas()
+    for _ in range(repeat):
+        time.sleep(0.01)
+        cases["kernel alone"].append(timed(kernel))
+        blas()
+        cases["kernel after OpenBLAS (2 threads)"].append(timed(kernel))
+        with parallel.blas_alone():
+            blas()
+            cases["kernel after OpenBLAS (1 thread)"].append(timed(kernel))
+        time.sleep(0.01)
+        cases["OpenBLAS alone"].append(timed(blas))
+        kernel()
+        cases["OpenBLAS after kernel"].append(timed(blas))
+    for name, v in cases.items():
+        print(f"  {name:36s} {median(v) * 1e3:7.3f} ms (median of {repeat})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--types", nargs="+", default=list(FORMATS))
@@ -137,12 +169,16 @@ def main() -> None:
     p.add_argument("--int8", action="store_true", help="also the int8-activation kernel (not exact)")
     p.add_argument("--gguf", help="time every matrix of this GGUF file instead (a decode step's products)")
     p.add_argument("--gguf-rows", type=int, default=1, help="rows per product with --gguf")
+    p.add_argument("--interplay", action="store_true", help="numba's and OpenBLAS's threads side by side")
     args = p.parse_args()
     if not matrix_module.HAVE_KERNELS:
         sys.exit("numba is not installed: there is no kernel to measure")
     int8 = True if args.int8 else None
     if args.gguf:
         bench_gguf(args.gguf, args.repeat, args.gguf_rows, int8)
+        return
+    if args.interplay:
+        bench_interplay(args.repeat)
         return
     bw = machine_bandwidth()
     print(f"machine: float32 GEMV {bw['gemv']:.1f} GB/s, copy {bw['copy']:.1f} GB/s (read + write); "

@@ -169,8 +169,9 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
         assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
 
 
-def test_int8_activations_are_llama_cpp_s():
-    """quantize_row_q8_0: d = max|x| / 127, q = roundf(x · (1/d)); a block of zeros gives zeros."""
+def test_int8_activations_are_llama_cpp_s(kernels):
+    """quantize_row_q8_0: d = max|x| / 127, q = roundf(x · (1/d)) (d kept in float32, where llama.cpp
+    rounds it to float16); a block of zeros gives zeros."""
     from minigen.engine.quant import int8
     x = np.zeros((2, 64), np.float32)
     x[0, :32] = np.linspace(-2, 3, 32)

@@ -3,8 +3,9 @@ llama.cpp's way to multiply by Q4_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1) wei
 because it is not exact (the default, kernels.py, multiplies the exact float32 values).
 
 Each row x (in,) becomes, per block of 32 inputs, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
-quantize_row_q8_0, which its CPU backend applies to activations beside Q4_0/Q4_1/Q8_0 weights; for K
-types it uses one scale per 256 inputs, Q8_K: a scale per 32 is the more accurate). Then per group of
+quantize_row_q8_0, which its CPU backend applies to activations beside Q4_0/Q4_1/Q8_0 weights, except
+that dx stays float32 where llama.cpp rounds it to float16; for K types llama.cpp uses one scale per
+256 inputs, Q8_K: a scale per 32 is the more accurate). Then per group of
 32 inputs of a weight block, with codes q and the group's float scale s and offset o (w = s·q − o):
 
     sum_i x_i w_i  ≈  dx · (s · sum_i xq_i q_i − o · sum_i xq_i)

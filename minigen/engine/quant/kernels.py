@@ -44,17 +44,25 @@ scripts/bench_kernels.py, whose figures docs/weights-as-stored.md records.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
-import numba
-import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.core.compiler import CompilerBase, DefaultPassBuilder
-from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.core.untyped_passes import TranslateByteCode
-from numba.extending import intrinsic
+# OpenMP's idle threads spin 300,000 rounds after a kernel by default, long enough to slow an OpenBLAS
+# product that follows by ~40 % (they hold the core it wants); 10,000 rounds still catch the next
+# kernel of a decode step (~5 us to start one after gaps up to 100 us; 60 us after a 500 us gap).
+# Read by libgomp when numba first loads it, at the first parallel call (scripts/bench_kernels.py
+# --interplay). OpenBLAS's own spin: OPENBLAS_THREAD_TIMEOUT, minigen/__init__.py.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+import numba   # noqa: E402
+import numpy as np   # noqa: E402
+from llvmlite import ir   # noqa: E402
+from numba import njit, prange, types   # noqa: E402
+from numba.core import cgutils   # noqa: E402
+from numba.core.compiler import CompilerBase, DefaultPassBuilder   # noqa: E402
+from numba.core.compiler_machinery import FunctionPass, register_pass   # noqa: E402
+from numba.core.untyped_passes import TranslateByteCode   # noqa: E402
+from numba.extending import intrinsic   # noqa: E402
 
 TILE = 64    # outputs per tile
 GROUP = 32   # inputs per group: every block type's block, or an eighth of a K super-block
