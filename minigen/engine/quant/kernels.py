@@ -460,32 +460,56 @@ def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
 
 # --- the product ------------------------------------------------------------------------------------------
 
-@njit(**JIT)
-def _accumulate(acc, x, i0, w, n_in):
-    """acc (k, 64) += x[:, i0:i0 + n_in] @ w[:n_in] (n_in a multiple of 8): two rows at a time, four
-    inputs at a time, so that a value of w loaded once serves two rows and an accumulator is loaded and
-    stored once per four inputs; the last row alone, eight inputs at a time."""
-    k = acc.shape[0]
-    n = 0
-    while n + 1 < k:
-        a, b = acc[n], acc[n + 1]
-        xa, xb = x[n], x[n + 1]
-        for i in range(0, n_in, 4):
-            a0, a1, a2, a3 = xa[i0 + i], xa[i0 + i + 1], xa[i0 + i + 2], xa[i0 + i + 3]
-            b0, b1, b2, b3 = xb[i0 + i], xb[i0 + i + 1], xb[i0 + i + 2], xb[i0 + i + 3]
-            w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
-            for j in range(TILE):
-                a[j] += a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j]
-                b[j] += b0 * w0[j] + b1 * w1[j] + b2 * w2[j] + b3 * w3[j]
-        n += 2
-    if n < k:
-        a, xa = acc[n], x[n]
-        for i in range(0, n_in, 8):
-            a0, a1, a2, a3 = xa[i0 + i], xa[i0 + i + 1], xa[i0 + i + 2], xa[i0 + i + 3]
-            a4, a5, a6, a7 = xa[i0 + i + 4], xa[i0 + i + 5], xa[i0 + i + 6], xa[i0 + i + 7]
-            for j in range(TILE):
-                a[j] += (a0 * w[i, j] + a1 * w[i + 1, j] + a2 * w[i + 2, j] + a3 * w[i + 3, j]
-                         + a4 * w[i + 4, j] + a5 * w[i + 5, j] + a6 * w[i + 6, j] + a7 * w[i + 7, j])
+@intrinsic
+def _accumulate(typingctx, acc, x, i0, w, n_in):
+    """acc (k, 64) += x[:, i0:i0 + n_in] @ w[:n_in] (w: a unit's values, (inputs, 64)), as LLVM IR: two
+    rows at a time, 32 outputs at a time, their 8 accumulators in registers across the unit's inputs,
+    so that each value of w loaded from L1 serves two rows with no accumulator going through memory
+    (as numba's loop did, 3 loads and 2 stores per 8 FMAs); an odd last row over all 64 outputs (8
+    accumulators again)."""
+    def codegen(context, builder, sig, args):
+        b = builder
+        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        acc_a, x_a, w_a = arr(0), arr(1), arr(3)
+        k = cgutils.unpack_tuple(b, acc_a.shape, 2)[0]
+        x_row = cgutils.unpack_tuple(b, x_a.shape, 2)[1]
+        acc_p, x_p, w_p = (b.bitcast(a.data, FLOAT.as_pointer()) for a in (acc_a, x_a, w_a))
+        fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        i64 = lambda v: ir.Constant(I64, v)
+
+        def vec_at(ptr, at):
+            return b.bitcast(b.gep(ptr, [at]), _vec(FLOAT).as_pointer())
+
+        def block(rows, first_out, n_pieces):
+            """rows (IR i64 row numbers) x n_pieces pieces from first_out: acc += x @ w."""
+            cells = [(r, first_out + LANES * q) for r in rows for q in range(n_pieces)]
+            slots = [cgutils.alloca_once(b, _vec(FLOAT)) for _ in cells]
+            for slot, (r, j) in zip(slots, cells):
+                b.store(b.load(vec_at(acc_p, b.add(b.mul(r, i64(TILE)), i64(j))), align=4), slot)
+            with cgutils.for_range(b, args[4]) as loop:
+                i = loop.index
+                xs = {}
+                for r in rows:
+                    v = b.load(b.gep(x_p, [b.add(b.mul(r, x_row), b.add(args[2], i))]))
+                    xs[r] = b.shuffle_vector(b.insert_element(ir.Constant(_vec(FLOAT), ir.Undefined), v, ir.Constant(I32, 0)),
+                                             ir.Constant(_vec(FLOAT), ir.Undefined), ir.Constant(_vec(I32), [0] * LANES))
+                ws = {q: b.load(vec_at(w_p, b.add(b.mul(i, i64(TILE)), i64(first_out + LANES * q))), align=4) for q in range(n_pieces)}
+                for slot, (r, j) in zip(slots, cells):
+                    q = (j - first_out) // LANES
+                    b.store(b.call(fma, [xs[r], ws[q], b.load(slot)]), slot)
+            for slot, (r, j) in zip(slots, cells):
+                b.store(b.load(slot), vec_at(acc_p, b.add(b.mul(r, i64(TILE)), i64(j))), align=4)
+
+        pairs = b.lshr(k, i64(1))
+        with cgutils.for_range(b, pairs) as loop:
+            r0 = b.mul(loop.index, i64(2))
+            for first in range(0, TILE, PASS):
+                block([r0, b.add(r0, i64(1))], first, PASS // LANES)
+        odd = b.icmp_signed("!=", b.and_(k, i64(1)), i64(0))
+        with b.if_then(odd):
+            block([b.sub(k, i64(1))], 0, TILE // LANES)
+        return context.get_dummy_value()
+    return types.none(acc, x, i0, w, n_in), codegen
 
 
 @njit(parallel=True, **JIT)
@@ -512,21 +536,24 @@ def times(kind, tiles, units, unit_in, x, y):
 
 
 @njit(parallel=True, **JIT)
-def dequantize(kind, tiles, units, unit_in, out):
-    """out (n_out, in) float32 = the values of W, from its tiles, as `times` sees them."""
+def dequantize(kind, tiles, units, unit_in, out_t):
+    """out_t (in, n_out) float32 = W.T, the values of W from its tiles as `times` sees them. Transposed,
+    as the tiles hold them (a unit's values are (inputs, 64 outputs)): each row of 64 is one copy, where
+    (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies x @ out_t as well."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    n_out = out.shape[0]
+    n_out = out_t.shape[1]
     for t in prange(n_tiles):
         w = np.empty((64, TILE), F32)
         s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
         x = np.empty(1, F32)
+        width = min(TILE, n_out - TILE * t)
         for b in range(n_blocks):
             for u in range(units):
                 _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x, 0, w)
                 i0 = unit_in * (units * b + u)
-                for j in range(min(TILE, n_out - TILE * t)):
-                    for i in range(unit_in):
-                        out[TILE * t + j, i0 + i] = w[i, j]
+                for i in range(unit_in):
+                    for j in range(width):
+                        out_t[i0 + i, TILE * t + j] = w[i, j]
 
 
 @contextmanager

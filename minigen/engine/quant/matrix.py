@@ -36,7 +36,8 @@ except ImportError:   # pragma: no cover - the CI environment has numba
 HAVE_KERNELS = kernels is not None
 TILE, GROUP = 64, 32
 BLAS_ROWS = 64     # from this many rows on, products go through float32 chunks and OpenBLAS (measured: bench_kernels.py)
-CHUNK = 1024       # outputs dequantized at a time on that path: 1024 x 8960 float32 is 37 MB
+CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
+                   # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
 
@@ -176,21 +177,22 @@ class StoredMatrix:
         out = self.shape[0]
         y = np.empty((len(x), out), np.float32)
         for lo in range(0, out, CHUNK):
-            w = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1)
-            np.matmul(x, w.T, out=y[:, lo:lo + len(w)])
+            w_t = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1).T   # (in, chunk), rows strided
+            y[:, lo:lo + w_t.shape[1]] = x @ w_t   # (matmul into a strided `out=` took NumPy's slow loop: 10x)
         return y
 
     def dequantize_fast(self, rows: slice = slice(None), threads: int | None = None) -> np.ndarray:
         """dequantize(rows) by the compiled decoder when there is one (the same values), on `threads`
-        of numba's threads (None: all)."""
+        of numba's threads (None: all). Made transposed: the result is a view (out, in) of an (in, out)
+        array."""
         if not HAVE_KERNELS:
             return self.dequantize(rows)
         lo, hi, _ = rows.indices(self.shape[0])
         t0, t1 = lo // TILE, -(-hi // TILE)
-        w = np.empty(((t1 - t0) * TILE, self.tiles.shape[1] * self.groups * GROUP), np.float32)
+        w_t = np.empty((self.tiles.shape[1] * self.groups * GROUP, (t1 - t0) * TILE), np.float32)
         with kernels.threads(threads):
-            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w)
-        return w[lo - TILE * t0:hi - TILE * t0, :self.shape[1]]
+            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
+        return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
 
 
 def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:
