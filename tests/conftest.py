@@ -1,5 +1,11 @@
 """Shared test helpers: the parity fixtures made by scripts/make_fixtures.py (see tests/fixtures/README.md)."""
+import os
+import tempfile
 from pathlib import Path
+
+# numba's compiled kernels (minigen/engine/quant/kernels.py) are cached outside the tree, in one place
+# per machine so that a second run of the suite does not compile them again (~20 s); set before numba loads
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"minigen-tests-numba-{getattr(os, 'getuid', lambda: 0)()}"))
 
 import numpy as np
 import pytest
