@@ -33,6 +33,11 @@ Sections behind flags (each its own table; --no-sweep skips the sweep above):
   drafting (minigen's --draft-model against transformers' assistant_model).
 - --batch: 1, 4, 8 and 16 prompts of different lengths generated as one batch against one at a time
   (minigen's Batch; transformers' batched generate with left padding), tokens/s of the whole batch.
+- --constrained: greedy decoding under a JSON schema (--schema FILE, default SCHEMA) against the same
+  number of tokens unconstrained, the two run in turn, tokens/s of each and llguidance's time per token
+  (minigen's Follow, timed apart); then llama.cpp's llama-server on --llama-gguf (the model's GGUF file)
+  with the same schema in its `json_schema` field, against it without, from its own timings. --model
+  may be a .gguf file here (minigen converts it once); without --llama-gguf, llama.cpp is skipped.
 """
 from __future__ import annotations
 
@@ -465,6 +470,115 @@ def section_batch(args, hf: bool):
           f"(the batch's first step; each prompt's own); {args.threads} threads")
 
 
+# --- constrained output (--constrained): a JSON schema's mask against none ------------------------------
+
+SCHEMA = {"type": "object", "properties": {"people": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "born", "city"], "additionalProperties": False}, "minItems": 5}},
+    "required": ["people"], "additionalProperties": False}
+SCHEMA_PROMPT = "List five famous scientists with the year and the city they were born in, as JSON."
+
+
+def worker_constrained(args) -> dict:
+    """Per round: the schema run greedy, then it and the same number of tokens unconstrained (EOS ignored)
+    driven in turn; decode tokens/s of each, and the seconds spent in the constraint's processor."""
+    import minigen
+    from minigen.generation import constraint as C
+    from minigen.generation.steps import Run, prompt_ids as chat_prompt
+    model, tok = minigen.load(args.model)
+    schema = json.loads(Path(args.schema).read_text()) if args.schema else SCHEMA
+    ids = chat_prompt(tok, SCHEMA_PROMPT, chat=True)
+    spent = [0.0]
+    call = C.Follow.__call__
+
+    def timed(self, scores, tokens):
+        start = time.perf_counter()
+        out = call(self, scores, tokens)
+        spent[0] += time.perf_counter() - start
+        return out
+
+    C.Follow.__call__ = timed
+    start = time.perf_counter()
+    Run.from_prompt(model, tok, ids, max_tokens=4, constraint={"json_schema": schema}).text()   # builds the tokenizer
+    setup = time.perf_counter() - start
+    rounds = []
+    for _ in range(args.rounds):
+        first = Run.from_prompt(model, tok, ids, max_tokens=args.gen_tokens, constraint={"json_schema": schema})
+        text = first.text()
+        n = first.stats.generated_tokens
+        runs = {"schema": Run.from_prompt(model, tok, ids, max_tokens=args.gen_tokens, constraint={"json_schema": schema}),
+                "plain": Run.from_prompt(model, tok, ids, max_tokens=n, ignore_eos=True)}
+        spent[0] = 0.0
+        in_turn(runs)
+        rounds.append(dict(schema=runs["schema"].stats.decode_tps, plain=runs["plain"].stats.decode_tps, tokens=n,
+                           mask_us=1e6 * spent[0] / max(1, runs["schema"].stats.generated_tokens),
+                           finish=runs["schema"].stats.finish, text=text))
+    return dict(rounds=rounds, setup=setup, vocab=model.config.vocab_size, ids=ids)
+
+
+def llama_server_rates(args, bin_dir: Path, ids: list[int], n: int, schema: dict) -> dict | None:
+    """llama-server on --llama-gguf: predicted tokens/s of the same prompt's ids, greedy, with the schema in
+    `json_schema` and without (EOS ignored, n tokens), alternating, --rounds times; medians."""
+    import socket
+    import urllib.request
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", args.llama_gguf, "--host", "127.0.0.1", "--port",
+                             str(port), "-t", str(args.threads), "-c", "4096", "-np", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def post(body: dict) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            return None
+        base = {"prompt": ids, "temperature": 0, "cache_prompt": False}
+        rates = {"schema": [], "plain": []}
+        for _ in range(args.rounds):
+            got = post({**base, "n_predict": args.gen_tokens, "json_schema": schema})
+            rates["schema"].append(got["timings"]["predicted_per_second"])
+            got = post({**base, "n_predict": got["timings"]["predicted_n"], "ignore_eos": True})
+            rates["plain"].append(got["timings"]["predicted_per_second"])
+        return {k: statistics.median(v) for k, v in rates.items()}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def section_constrained(args):
+    mg = run_worker("constrained", sys.executable, args)
+    if not mg:
+        return
+    rs = mg["rounds"]
+    med = lambda k: statistics.median(r[k] for r in rs)   # noqa: E731
+    print("\n| engine | model | vocabulary | tokens | unconstrained tok/s | with the schema tok/s | ÷ | mask µs / token |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| minigen | {Path(str(args.model)).name} | {mg['vocab']:,} | {rs[0]['tokens']} | {med('plain'):.1f} | "
+          f"{med('schema'):.1f} | {med('schema') / med('plain'):.3f} | {med('mask_us'):.0f} |")
+    bin_dir = llama_bin(args.llama_bin)
+    if args.llama_gguf and bin_dir and (bin_dir / "llama-server").exists():
+        schema = json.loads(Path(args.schema).read_text()) if args.schema else SCHEMA
+        ll = llama_server_rates(args, bin_dir, mg["ids"], rs[0]["tokens"], schema)
+        if ll:
+            print(f"| llama.cpp (llama-server, json_schema) | {Path(args.llama_gguf).name} | | {rs[0]['tokens']} | "
+                  f"{ll['plain']:.1f} | {ll['schema']:.1f} | {ll['schema'] / ll['plain']:.3f} | |")
+    print(f"\ngreedy; the schema's run ends on EOS after {rs[0]['tokens']} tokens ({rs[0]['finish']}), the "
+          f"unconstrained one runs as many; medians of {len(rs)} rounds, run in turn; llguidance's tokenizer built "
+          f"in {mg['setup']:.2f} s (with the first run); {args.threads} threads. Output: {rs[0]['text'][:160]!r}")
+
+
 # --- hybrids (--hybrid): random weights in a real config, minigen against transformers' CPU path ------
 
 HYBRID_CONFIGS = {   # name -> the real config.json (tests/real_configs/hybrid/), its text model built
@@ -703,7 +817,8 @@ WORKERS = {"forward-k": worker_forward_k, "lookup": worker_lookup, "lookup-hf": 
            "minigen": worker_minigen, "minigen-rss": worker_minigen_rss, "transformers": worker_transformers,
            "chart": worker_chart, "hybrid-minigen": worker_hybrid_minigen,
            "hybrid-transformers": worker_hybrid_transformers, "moe-make": worker_moe_make,
-           "moe-minigen": worker_moe_minigen, "moe-transformers": worker_moe_transformers}
+           "moe-minigen": worker_moe_minigen, "moe-transformers": worker_moe_transformers,
+           "constrained": worker_constrained}
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------
@@ -765,6 +880,8 @@ def run_worker(name: str, python: str, args, stdin: str | None = None, lengths: 
            "--prompts", str(args.prompts), "--chart", str(args.chart), "--moe-layers", str(args.moe_layers)]
     if getattr(args, "draft_model", None):
         cmd += ["--draft-model", str(args.draft_model)]
+    if name == "constrained":
+        cmd += ["--rounds", str(args.rounds)] + (["--schema", str(args.schema)] if args.schema else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
         print(f"{name}: failed:\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -853,6 +970,10 @@ def main():
     ap.add_argument("--draft-model", help="With --spec: also decode with this checkpoint (sharing --model's "
                                           "tokenizer) drafting, against transformers' assistant_model.")
     ap.add_argument("--batch", action="store_true", help="Also: batches of 1/4/8/16 prompts against one at a time.")
+    ap.add_argument("--constrained", action="store_true",
+                    help="Also: decoding under a JSON schema against none (minigen; llama.cpp with --llama-gguf).")
+    ap.add_argument("--schema", help="With --constrained: a JSON schema file (default: SCHEMA in this script).")
+    ap.add_argument("--llama-gguf", help="With --constrained: the model's GGUF file, for llama-server.")
     ap.add_argument("--no-sweep", action="store_true", help="Skip the prompt-length sweep (run only the sections asked for).")
     ap.add_argument("--hybrid", action="store_true",
                     help="Instead: hybrid families (random weights in real configs) against transformers.")
@@ -895,8 +1016,10 @@ def main():
         engines.remove("llama.cpp")
     with tempfile.TemporaryDirectory() as tmp:
         args.prompts = Path(tmp) / "prompts.json"
-        if args.spec or args.batch:
+        if args.spec or args.batch or args.constrained:
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", file=sys.stderr)
+        if args.constrained:
+            section_constrained(args)
         if args.spec:
             section_spec(args, "transformers" in engines)
         if args.batch:

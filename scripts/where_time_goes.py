@@ -16,7 +16,7 @@ For each prompt length N it prints:
   V it reads, as GB/s), norms, RoPE, the activation, the cache write, and the rest (Python, adds,
   the embedding lookup).
 
-Timers wrap minigen.engine.model's functions (a few hundred ns each; the decode total is also given without
+Timers wrap the engine's functions (a few hundred ns each; the decode total is also given without
 them). Run it on a quiet machine: it measures wall time.
 """
 from __future__ import annotations
@@ -29,12 +29,14 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import minigen  # noqa: E402  first: it sets OpenBLAS up before NumPy loads it
-from minigen.engine import model as M, parallel  # noqa: E402
+from minigen.engine import layers, mixers, model as M, moe, parallel  # noqa: E402
+from minigen.engine.cache import KVBase  # noqa: E402
 from minigen.gguf.default_model import default_model_path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -51,7 +53,7 @@ class Clock:
 
     def wrap(self, label, fn):
         def timed(*args, **kwargs):
-            name = label(*args) if callable(label) else label
+            name = label(*args, **kwargs) if callable(label) else label
             self.stack.append(0.0)
             start = time.perf_counter()
             try:
@@ -80,25 +82,34 @@ def weight_names(model) -> dict:
     return names
 
 
+ENGINE = (M, mixers, layers, moe)   # the modules whose functions the clocks wrap (each imported `linear` itself)
+
+
+def patch(name: str, make) -> Callable[[], None]:
+    """Every engine module's `name` replaced by make(the original); returns a function that puts them back."""
+    saved = [(m, getattr(m, name)) for m in ENGINE if hasattr(m, name)]
+    for m, fn in saved:
+        setattr(m, name, make(fn))
+    return lambda: [setattr(m, name, fn) for m, fn in saved]
+
+
 def instrument(model, clock: Clock):
-    """Wrap minigen.engine.model's pieces with the clock; returns a function that undoes it."""
+    """Wrap the engine's pieces with the clock; returns a function that undoes it."""
     names = weight_names(model)
-    saved = {k: getattr(M, k) for k in ("linear", "attend_cached", "norm", "apply_rope", "activation", "unembed",
-                                         "rope_for")}
-    saved_extend = M.KVCache.extend
-    M.linear = clock.wrap(lambda x, w, b=None: "gemv " + names.get(id(w), "?"), saved["linear"])
-    M.attend_cached = clock.wrap("attention over the cache", saved["attend_cached"])
-    M.norm = clock.wrap("norms", saved["norm"])
-    M.unembed = clock.wrap("gemv lm_head", saved["unembed"])                  # its final norm counts as a norm
-    M.rope_for = clock.wrap("rope", saved["rope_for"])
-    M.apply_rope = clock.wrap("rope", saved["apply_rope"])
-    M.activation = lambda name: clock.wrap("activation", saved["activation"](name))
-    M.KVCache.extend = clock.wrap("cache write", saved_extend)
+    undos = [patch("linear", lambda fn: clock.wrap(lambda x, w, b=None: "gemv " + names.get(id(w), "?"), fn)),
+             patch("norm", lambda fn: clock.wrap("norms", fn)),
+             patch("unembed", lambda fn: clock.wrap("gemv lm_head", fn)),   # its final norm counts as a norm
+             patch("rope_for", lambda fn: clock.wrap("rope", fn)),
+             patch("apply_rope", lambda fn: clock.wrap("rope", fn)),
+             patch("activation", lambda fn: lambda name: clock.wrap("activation", fn(name)))]
+    saved_attend, saved_extend = KVBase.attend, KVBase.extend
+    KVBase.attend = clock.wrap("attention over the cache", saved_attend)
+    KVBase.extend = clock.wrap("cache write", saved_extend)
 
     def undo():
-        for k, v in saved.items():
-            setattr(M, k, v)
-        M.KVCache.extend = saved_extend
+        for u in undos:
+            u()
+        KVBase.attend, KVBase.extend = saved_attend, saved_extend
     return undo
 
 
@@ -110,18 +121,19 @@ def prompt(model_dir: Path, n: int) -> list[int]:
 
 # --- prefill: phases of a layer --------------------------------------------------------------------
 
-PHASES = {"norm": "attention's norm", "qkv_heads": "q/k/v projection, q/k norm, RoPE",
-          "linear": "o_proj", "mlp_block": "MLP (its norm, gate/up, down)"}   # parallel.by_rows's functions
+BEFORE, AFTER = "norm, q/k/v projection, RoPE", "o_proj, MLP, residual adds"
+PHASES = {"norm": BEFORE, "qkv_heads": BEFORE, "linear": AFTER, "after_mixer": AFTER}   # parallel.by_rows's functions
+WEIGHTS = {BEFORE: ["wqkv"], AFTER: ["wo", "w_gate_up", "w_up", "w_down"]}             # each phase's weight GEMMs
 
 
 class PhaseClock:
-    """Times minigen.engine.model's row-wise phases (its calls to parallel.by_rows) and attend_cached."""
+    """Times the layer's row-wise phases (its calls to parallel.by_rows) and attention over the cache."""
 
     def __init__(self):
         self.seconds = defaultdict(float)
 
     def install(self):
-        real_parallel, real_attend = M.parallel, M.attend_cached
+        real_parallel, real_attend = parallel, KVBase.attend
         clock = self
 
         class Shim:
@@ -137,33 +149,31 @@ class PhaseClock:
                 finally:
                     clock.seconds[label] += time.perf_counter() - start
 
-        def attend_cached(*args, **kwargs):
+        def attend(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return real_attend(*args, **kwargs)
             finally:
                 clock.seconds["attention"] += time.perf_counter() - start
 
-        M.parallel, M.attend_cached = Shim(), attend_cached
+        M.parallel, mixers.parallel, KVBase.attend = Shim(), Shim(), attend
 
         def undo():
-            M.parallel, M.attend_cached = real_parallel, real_attend
+            M.parallel, mixers.parallel, KVBase.attend = real_parallel, real_parallel, real_attend
         return undo
 
 
 def projection_shapes(model) -> dict:
     """{phase: [(out, in) of each weight GEMM of one layer in that phase]} (lm_head apart)."""
     p = model.params["layers"][0]
-    return {PHASES["qkv_heads"]: [p["wqkv"].shape], PHASES["linear"]: [p["wo"].shape],
-            PHASES["mlp_block"]: [p[k].shape for k in ("w_gate_up", "w_up", "w_down") if k in p]}
+    return {phase: [p[k].shape for k in keys if k in p] for phase, keys in WEIGHTS.items()}
 
 
 def numpy_gemm_seconds(model, n: int, repeats: int) -> dict:
     """Seconds of the weight GEMMs alone, per phase, over all layers: x (n, in) @ w.T in NumPy."""
     out = {}
     for phase, _ in projection_shapes(model).items():
-        keys = {PHASES["qkv_heads"]: ["wqkv"], PHASES["linear"]: ["wo"]}.get(phase) or [k for k in ("w_gate_up", "w_up", "w_down")
-                                                             if k in model.params["layers"][0]]
+        keys = [k for k in WEIGHTS[phase] if k in model.params["layers"][0]]
         xs = {}
         times = []
         for _ in range(repeats):
@@ -245,7 +255,7 @@ def profile_prefill(model, ids: list[int], repeats: int, hf_python: str | None) 
     print(f"\nprefill, {n} tokens: {statistics.median(plain) * 1e3:.0f} ms ({n / statistics.median(plain):.0f} tok/s); "
           f"with the phase timers {wall * 1e3:.0f} ms")
     print(f"{'phase (all layers)':34} {'ms':>8} {'share':>6}   weight GEMMs, GFLOP/s: minigen in the phase | NumPy alone | torch alone")
-    for k in ["norm, q/k/v projection, RoPE", "attention", "o_proj, MLP, residual adds"]:
+    for k in [BEFORE, "attention", AFTER]:
         ms = statistics.median(p.get(k, 0.0) for p in phases)
         line = f"{k:34} {ms * 1e3:8.1f} {ms / wall:6.0%}"
         if k in flops:
@@ -253,7 +263,7 @@ def profile_prefill(model, ids: list[int], repeats: int, hf_python: str | None) 
             line += f" | {flops[k] / th_gemm[k] / 1e9:6.0f}" if th_gemm else " |      -"
         print(line)
     rest = wall - sum(statistics.median(p.get(k, 0.0) for p in phases) for k in
-                      ["norm, q/k/v projection, RoPE", "attention", "o_proj, MLP, residual adds"])
+                      [BEFORE, "attention", AFTER])
     print(f"{'embedding, final norm, lm_head, rest':34} {rest * 1e3:8.1f} {rest / wall:6.0%}")
     total_flops = sum(flops.values())
     print(f"weight GEMMs alone would allow {n / sum(np_gemm.values()):.0f} tok/s in NumPy"

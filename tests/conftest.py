@@ -1,5 +1,11 @@
 """Shared test helpers: the parity fixtures made by scripts/make_fixtures.py (see tests/fixtures/README.md)."""
+import os
+import tempfile
 from pathlib import Path
+
+# numba's compiled kernels (minigen/engine/quant/kernels.py) are cached outside the tree, in one place
+# per machine so that a second run of the suite does not compile them again (~20 s); set before numba loads
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"minigen-tests-numba-{getattr(os, 'getuid', lambda: 0)()}"))
 
 import numpy as np
 import pytest
@@ -91,7 +97,7 @@ def greedy(model, prompt, n: int, eos: int | None = None) -> tuple[list[int], np
 def interrupt_generation(monkeypatch, after: int):
     """Make the generation loop raise KeyboardInterrupt (a Ctrl-C) once `after` tokens have been yielded."""
     from minigen.generation import steps as module
-    real = module.generate_step
+    real = module.decode
 
     def interrupted(*args, **kwargs):
         for i, step in enumerate(real(*args, **kwargs)):
@@ -99,7 +105,7 @@ def interrupt_generation(monkeypatch, after: int):
                 raise KeyboardInterrupt
             yield step
 
-    monkeypatch.setattr(module, "generate_step", interrupted)
+    monkeypatch.setattr(module, "decode", interrupted)
 
 
 def pytest_configure(config):

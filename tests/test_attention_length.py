@@ -407,7 +407,7 @@ def test_dump_over_its_budget_is_refused_before_the_forward(tmp_path, monkeypatc
 
 
 def test_what_would_not_fit_in_memory_is_refused_before_the_forward(monkeypatch, no_forward):
-    monkeypatch.setattr(P, "available_memory", lambda: 2**20)
+    monkeypatch.setattr(P, "available_memory", lambda: 1000)   # bytes: less than the tiny model needs
     r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2")
     assert r.exit_code == 1 and "GiB of memory" in r.output and "available" in r.output
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import minigen
-from conftest import FIXTURES as PARITY_FIXTURES
+from conftest import FIXTURES as PARITY_FIXTURES, FIXTURES_DIR
 from minigen.errors import OptionError
 from minigen.generation.batch import Batch, batch_runs, generate_batch
 from minigen.generation.options import Options
+from minigen.generation.sequence import Sequence
 from minigen.generation.steps import Run, generate_step
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,7 +44,7 @@ def test_batch_equals_alone_greedy_every_family(name):
     model = copy.copy(model)
     model.generation_config = {**model.generation_config, "eos_token_id": ids[2]}   # an EOS the prompts reach
     batch, got = Batch(model), {}
-    handles = [batch.add(p, greedy(max_tokens=6 + 3 * i, ignore_eos=False)) for i, p in enumerate(prompts)]
+    handles = [batch.add(Sequence(model, p, greedy(max_tokens=6 + 3 * i, ignore_eos=False))) for i, p in enumerate(prompts)]
     while len(batch):
         for h, step in batch.step().items():
             got.setdefault(h, []).append((step.token, step.finish))
@@ -58,7 +59,7 @@ def test_batch_equals_alone_sampling_each_with_its_own_rng_and_settings():
                 dict(temp=0, repeat_penalty=1.5, repeat_last_n=0), dict(temp=1.3, top_k=5)]
     options = [Options(max_tokens=10, ignore_eos=True, seed=7 + i, **s) for i, s in enumerate(settings)]
     batch, got = Batch(model), {}
-    handles = [batch.add(p, o) for p, o in zip(prompts, options)]
+    handles = [batch.add(Sequence(model, p, o)) for p, o in zip(prompts, options)]
     while len(batch):
         for h, step in batch.step().items():
             got.setdefault(h, []).append((step.token, step.finish))
@@ -70,11 +71,11 @@ def test_sequences_join_between_steps_and_leave_when_cancelled():
     model, tok, ids = fixture("qwen3")
     a, b, c = prompts_of(ids, 3)
     batch, got = Batch(model), {}
-    ha = batch.add(a, greedy(max_tokens=12))
+    ha = batch.add(Sequence(model, a, greedy(max_tokens=12)))
     for _ in range(3):
         got.setdefault(ha, []).extend(s.token for s in batch.step().values())
-    hb = batch.add(b, greedy(max_tokens=5, max_context=len(b) + 2))   # joins late, ends on a full context
-    hc = batch.add(c, greedy(max_tokens=12))
+    hb = batch.add(Sequence(model, b, greedy(max_tokens=5, max_context=len(b) + 2)))   # joins late, ends on a full context
+    hc = batch.add(Sequence(model, c, greedy(max_tokens=12)))
     steps = 0
     while len(batch):
         out = batch.step()
@@ -107,6 +108,16 @@ def test_generate_batch_text_equals_generate_alone():
     assert results[2].finish_reason == "stop"
 
 
+def test_the_api_takes_the_same_keywords_everywhere():
+    """generate, stream and generate_batch take the same prompt keywords (chat, system) and options."""
+    model, tok = minigen.load(FIXTURES_DIR / "qwen2")   # a checkpoint with a chat template
+    prompts, kw = ["Say something.", "Name a colour."], dict(chat=True, system="Be brief.", max_tokens=8, temp=0)
+    alone = [minigen.generate(model, tok, p, **kw) for p in prompts]
+    assert minigen.generate_batch(model, tok, prompts, **kw) == alone
+    assert ["".join(minigen.stream(model, tok, p, **kw)) for p in prompts] == alone
+    assert alone != [minigen.generate(model, tok, p, max_tokens=8, temp=0) for p in prompts]   # chat did something
+
+
 def test_batch_refuses_bad_options_naming_them():
     model, tok, _ = fixture("llama_gqa3")
     with pytest.raises(OptionError, match="temp"):
@@ -129,7 +140,7 @@ def test_max_tokens_zero_gives_an_empty_result_without_joining_the_batch():
     assert (results[0].text, results[0].tokens, results[0].finish_reason) == (alone.text(), alone.tokens, "length")
     assert results[0].tokens == [] and len(results[1].tokens) == 3
     with pytest.raises(ValueError, match="max_tokens is 0"):
-        Batch(model).add(ids, Options.of(max_tokens=0))
+        Batch(model).add(Sequence(model, ids, Options.of(max_tokens=0)))
 
 
 # --- the command line: generate --batch FILE -----------------------------------------------------------
@@ -186,7 +197,7 @@ def test_cli_batch_bad_files_are_one_line(tmp_path, content, message):
 
 
 def test_decode_steps_attend_through_the_pool_and_leavers_take_their_cache(monkeypatch):
-    from minigen.engine import model as engine
+    from minigen.engine import cache as engine
     from minigen.engine.cache import KVCache, PooledKV
     model, tok, ids = fixture("llama_gqa3")
     prompts = prompts_of(ids, 3)
@@ -195,7 +206,7 @@ def test_decode_steps_attend_through_the_pool_and_leavers_take_their_cache(monke
     monkeypatch.setattr(engine, "pooled_decode_attention", lambda q, *a, **kw: calls.append(len(q)) or pooled(q, *a, **kw))
     caches = [model.make_cache(4) for _ in prompts]
     batch = Batch(model)
-    handles = [batch.add(p, greedy(max_tokens=4 + 2 * i), c) for i, (p, c) in enumerate(zip(prompts, caches))]
+    handles = [batch.add(Sequence(model, p, greedy(max_tokens=4 + 2 * i), c)) for i, (p, c) in enumerate(zip(prompts, caches))]
     got = {h: [s.token] for h, s in batch.step().items()}  # the prompts: each attends alone
     assert calls == [] and all(isinstance(layer, PooledKV) for layer in caches[0])
     while len(batch):

@@ -7,7 +7,7 @@ import pytest
 
 import minigen
 from minigen.engine import parallel
-from minigen.engine.cache import must_recompute
+from minigen.engine.cache import reusable
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/reference.npz"))
@@ -21,8 +21,8 @@ def test_batch_of_sequences_at_different_offsets_equals_transformers(name):
     T = len(ids)
     # three sequences, all the same prompt, fed at different points: one from the start, one after a
     # prefill of a third of it, one after all but its last token (a decode step); where longrope's
-    # switch lies between, transformers recomputes the whole cache (must_recompute), and so from 0
-    cuts = [0] + [c for c in (T // 3, T - 1) if not must_recompute(model.config, c, T - c)]
+    # switch lies between, transformers recomputes the whole cache (cache.reusable), and so from 0
+    cuts = [0] + [c for c in (T // 3, T - 1) if reusable(model.config, c, c, T) == c]
     caches = [model.make_cache(4) for _ in cuts]
     for cut, cache in zip(cuts, caches):
         if cut:

@@ -148,7 +148,7 @@ def test_template_that_rewrites_earlier_turns(qwen3_template, forwards):
 
 def interrupt_first_reply(monkeypatch, after: int):
     """A Ctrl-C once the first reply has produced `after` tokens; later replies run to the end."""
-    real, calls = GENERATE.generate_step, []
+    real, calls = GENERATE.decode, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -157,7 +157,7 @@ def interrupt_first_reply(monkeypatch, after: int):
                 raise KeyboardInterrupt
             yield step
 
-    monkeypatch.setattr(GENERATE, "generate_step", interrupted)
+    monkeypatch.setattr(GENERATE, "decode", interrupted)
 
 
 def test_ctrl_c_keeps_the_partial_reply_and_goes_on(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """`minigen generate` and `minigen info` through click's CliRunner."""
 import json
+import re
 import shutil
 import sys
 import types
@@ -226,3 +227,19 @@ def test_reversed_layer_range_is_refused_and_writes_nothing(tmp_path):
     r = gen("gpt2", "hello", "-n", "2", "--dump-attention", out, "--attn-layers", "1-0")
     assert r.exit_code == 1 and "--attn-layers" in r.stderr and "empty" in r.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["ablate", "hello world", "--heads", "0.0"], ["patch", "hello world", "hello words"], ["lens", "hello world"],
+    ["dla", "hello world"], ["trace", "hello world", "--layer", "0", "--head", "0"],
+    ["experts", "hello world", "--model", str(FIXTURES / "granitemoe")]], ids=lambda a: a[0])
+def test_json_help_names_every_field_the_command_prints(argv):
+    """--json's help lists the object's fields: each one the command prints is named there."""
+    from minigen.cli.inspect import JSON_FIELDS
+    model = [] if "--model" in argv else ["--model", str(FIXTURES / "qwen2")]
+    r = CliRunner().invoke(main, argv + model + ["--json"])
+    assert r.exit_code == 0, r.output
+    named = set(re.findall(r"\w+", JSON_FIELDS[argv[0]])) | {"command"}
+    assert set(json.loads(r.output)) <= named, set(json.loads(r.output)) - named
+    help_text = CliRunner().invoke(main, [argv[0], "--help"], terminal_width=400).output
+    assert " ".join(JSON_FIELDS[argv[0]].split()) in " ".join(help_text.split())

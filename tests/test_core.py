@@ -194,7 +194,7 @@ def test_linear_of_every_row_count_equals_the_product_in_float64():
     """linear() computes 4-7, 12-15, ... rows as a multiple of 8 (padded with zero rows): for every
     row count, both layouts and a bias, each row equals x @ w.T + b, none of the padding shows, and
     the rounding is as the row count's own."""
-    from minigen.engine.model import FEW_ROWS, linear, padded_rows
+    from minigen.engine.linear import FEW_ROWS, linear, padded_rows
     assert [padded_rows(n) for n in (2, 3, 4, 7, 8, 9, 11, 12, 15, 16, 17, 20, 28, 31)] == \
         [2, 3, 8, 8, 8, 9, 11, 16, 16, 16, 17, 24, 32, 32]
     rng = np.random.default_rng(0)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import minigen
 from minigen.cli import main
 from minigen.errors import MinigenError
+from minigen.generation.sampling import log_softmax
 from minigen.inspect import commands, experts, hooks
 
 from conftest import FIXTURES_DIR
@@ -72,20 +73,38 @@ def test_experts_command_json_lists_each_token_s_experts(name):
 
 @pytest.mark.parametrize("name", CLI_NAMES)
 def test_ablate_expert_and_the_sweep_over_experts(name):
+    """`ablate --expert` against transformers, at the position the reference's ablations move most: its
+    log-probs before (the reference's clean logits) and after (its logits with those experts' outputs zeroed),
+    and the KL between them; the sweep's KL of one expert against its own reference."""
     path = FIXTURES_DIR / name
     ref = reference(name)
-    best = int(ref["experts"][0, -1, 0])
+    with np.load(path / "reference.npz") as z:
+        clean_ids, clean = z["input_ids"], z["logits"]
+    assert clean_ids.tolist() == ref["input_ids"].tolist()
+    lp = lambda x: log_softmax(x.astype(np.float64))                            # noqa: E731
+    kls = np.array([(np.exp(lp(clean)) * (lp(clean) - lp(a))).sum(-1) for a in ref["ablated"]])   # (sets, T)
+    which, pos = np.unravel_index(np.argmax(kls), kls.shape)                 # the set and position it moves most
+    pairs = json.loads(str(ref["ablations"]))[which]
+    before, after = lp(clean[pos]), lp(ref["ablated"][which][pos])
     model, tok = minigen.load(path)
     prompt = tok.decode(ref["input_ids"], skip_special_tokens=True)
-    r = cli("ablate", prompt, "--model", path, "--expert", f"0.{best}", "--json")
+    spec = ",".join(f"{l}.{e}" for l, e in pairs)
+    r = cli("ablate", prompt, "--model", path, "--expert", spec, "--token", pos, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["components"] == [{"kind": "expert", "layer": 0, "head": None, "expert": best,
-                                  "name": f"expert 0.{best}"}]
-    assert out["kl"] > 0
-    r = cli("ablate", prompt, "--model", path, "--sweep", "experts", "--json")
+    assert out["components"] == [{"kind": "expert", "layer": l, "head": None, "expert": e, "name": f"expert {l}.{e}"}
+                                 for l, e in pairs]
+    target = int(np.argmax(before))
+    assert out["target"]["id"] == target
+    assert abs(out["logp_before"] - before[target]) < 1e-4 and abs(out["logp_after"] - after[target]) < 1e-4
+    kl = float((np.exp(before) * (before - after)).sum())
+    assert kl > 1e-4 and abs(out["kl"] - kl) <= 1e-6 + 1e-3 * kl
+    r = cli("ablate", prompt, "--model", path, "--sweep", "experts", "--token", pos, "--json")
     assert r.exit_code == 0, r.output
-    assert len(json.loads(r.stdout)["effects"]) == model.config.n_layers * model.config.n_experts
+    effects = {(e["layer"], e["expert"]): e["kl"] for e in json.loads(r.stdout)["effects"]}
+    assert len(effects) == model.config.n_layers * model.config.n_experts
+    single = json.loads(str(ref["ablations"]))[0][0]                         # one expert: its own reference
+    assert abs(effects[tuple(single)] - kls[0, pos]) <= 1e-5 + 1e-3 * kls[0, pos]
 
 
 @pytest.mark.parametrize("name, row", [

@@ -155,7 +155,8 @@ def test_stop_processes_escapes():
 def test_cache_grows_instead_of_taking_the_whole_context():
     import dataclasses
     from minigen.generation.options import Options
-    from minigen.generation.steps import FIRST_ROOM, generate_step
+    from minigen.generation.sequence import FIRST_ROOM
+    from minigen.generation.steps import generate_step
     model, _ = minigen.load(FIXTURES_DIR / "llama_gqa3")
     model.config = dataclasses.replace(model.config, max_position_embeddings=10**12)  # a config's huge context
     asked = []

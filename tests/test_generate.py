@@ -12,7 +12,9 @@ from minigen.engine import cache as cache_module
 from minigen.errors import MinigenError
 from minigen.generation.options import Options
 from minigen.generation.sampling import repetition_penalty
-from minigen.generation.steps import Run, eos_token_ids, generate_step, prompt_ids, split_at_stop
+from minigen.generation.sequence import eos_token_ids, prompt_ids
+from minigen.generation.steps import Run, generate_step
+from minigen.text.stream import split_at_stop
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(PARITY_FIXTURES)  # the HF parity fixtures listed in tests/conftest.py

@@ -9,7 +9,9 @@ import pytest
 
 from minigen.checkpoint.config import parse_config
 from minigen.errors import MinigenError
-from minigen.checkpoint.families import FAMILIES, FIXES, neox_interleave, unpermute
+from minigen.checkpoint.families import FAMILIES
+from minigen.gguf.families import GGUF
+from minigen.checkpoint.fixes import FIXES, neox_interleave, unpermute
 from minigen.gguf.arch import ARCHS, Meta, Tensors, family_config, llama3_rope
 
 
@@ -159,7 +161,7 @@ def test_neox_fixes_are_inverse():
 
 
 def test_one_registry():
-    """Every GGUF architecture minigen converts is a family entry's `gguf`, every fix it names is in the
+    """Every GGUF architecture minigen converts is a GGUF entry of a family, every fix it names is in the
     one table, and only a family with parameters llama.cpp writes as tensors accepts them."""
     assert ARCHS == {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
                      "gemma3": "gemma3_text", "phi3": "phi3", "gpt2": "gpt2", "olmo2": "olmo2", "gptneox": "gpt_neox",
@@ -168,9 +170,9 @@ def test_one_registry():
                      "falcon-h1": "falcon_h1"}
     for name, family in FAMILIES.items():
         assert set(family.fix.values()) <= set(FIXES), name
-        if family.gguf:
-            assert set(family.gguf.fixes.values()) <= set(FIXES), name
-            assert family.gguf.rope_factors in (None, "llama3", "longrope"), name
+    for name, g in GGUF.items():
+        assert name in FAMILIES and set(g.fixes.values()) <= set(FIXES), name
+        assert g.rope_factors in (None, "llama3", "longrope"), name
 
 
 def test_longrope_only_where_the_family_writes_its_factors():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES_DIR
-from minigen.checkpoint.families import FIXES, untile
+from minigen.checkpoint.fixes import FIXES, untile
 from minigen.engine.config import DeltaNet
 from minigen.errors import MinigenError
 from minigen.gguf.convert import convert_gguf, read_plan

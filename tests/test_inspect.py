@@ -1,5 +1,6 @@
 """Attention dumps, census statistics, the induction probe, the HTML page, and bad input (issue 5)."""
 import json
+import re
 import os
 from pathlib import Path
 
@@ -174,10 +175,24 @@ def test_induction_probe_finds_the_induction_head(induction_model):
 # --- the terminal and the page ------------------------------------------------------------------------
 
 def test_topk_bars():
-    r = cli("attention", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--layer", 1, "--head", 2, "--token", 5, "-k", 3)
+    """The bars of one query's strongest keys are transformers' weights: the top 3 keys of layer 1, head 2,
+    query 5 of the reference prompt, in order, each with its percentage, then the rest as "(others)"."""
+    ref = load_reference("gpt2")
+    model, tok = minigen.load(FIXTURES_DIR / "gpt2")
+    ids = [int(i) for i in ref["input_ids"]]
+    prompt = tok.decode(ids)
+    assert tok.encode(prompt) == ids
+    r = cli("attention", prompt, "--model", FIXTURES_DIR / "gpt2", "--layer", 1, "--head", 2, "--token", 5, "-k", 3)
     assert r.exit_code == 0, r.output
+    row = ref["attentions"][1, 2, 5, :6]                                     # query 5 sees keys 0..5
+    top = np.argsort(-row, kind="stable")[:3]
     bars = [l for l in r.output.splitlines() if "%" in l]
-    assert len(bars) == 4 and "█" in r.output             # three bars and "(others)"
+    assert len(bars) == 4 and "█" in r.output
+    for line, key in zip(bars, top):
+        index, percent = line.split()[0], float(re.search(r"([\d.]+)%", line)[1])
+        assert int(index) == key and abs(percent - 100 * row[key]) <= 0.006, (line, key, row[key])
+    others = float(re.search(r"([\d.]+)%", bars[3])[1])
+    assert "(others)" in bars[3] and abs(others - 100 * (1 - row[top].sum())) <= 0.011
 
 
 def test_html_is_self_contained(tmp_path):

@@ -10,7 +10,8 @@ import minigen
 from conftest import FIXTURES, FIXTURES_DIR, load_reference
 from minigen.generation.sampling import make_sampler
 from minigen.generation.options import Options
-from minigen.generation.steps import Run, prompt_ids, top_entries
+from minigen.generation.sequence import prompt_ids, top_entries
+from minigen.generation.steps import Run
 
 NAMES = sorted(FIXTURES)
 

@@ -10,7 +10,7 @@ an output projection from wider heads), which stays row-major (`column_major_for
 GEMV then takes each output as one long dot product, in ~0.5-0.6x the time (SmolLM2's 576 x 1536
 down projection 156 us against 293; 1024 x 4608, 575 against 1052; 896 x 4864, 539 against 1147),
 16 rows 0.85-0.95x (once 1.10), a 512-row prompt chunk within 5 % either way. GPT-2's Conv1D
-weights, stored `(in, out)`, are transposed to `(out, in)` by their fix (families.FIXES, which the
+weights, stored `(in, out)`, are transposed to `(out, in)` by their fix (fixes.FIXES, which the
 GGUF converter shares), then laid out.
 q/k/v are fused into one `(q + 2 kv, in)` matrix and gate/up into one `(2 * inter, in)` matrix,
 read into their rows of one buffer (a checkpoint that stores them fused, like Phi-3's, is read as
@@ -29,7 +29,8 @@ import numpy as np
 
 from ..engine import parallel
 from ..engine.config import Config
-from .families import FIXES, WRAPPERS
+from .families import WRAPPERS
+from .fixes import FIXES
 from ..errors import MinigenError, short
 from ..files import MiB, open_regular, parse_json, read_json_object
 

@@ -9,7 +9,7 @@ from ..errors import MinigenError
 from ..generation.options import summary
 from . import harness
 from .harness import Command, load_timed, model_option
-from .run import print_end, run_options
+from .run import pop_constraint, print_end, run_options
 
 CHAT_HELP = """commands:
   /help          this list
@@ -35,6 +35,7 @@ def chat(model_path, system, load_path, quiet, verbose, **options):
     conversation outgrows the context, its oldest exchanges are dropped (the system message is kept).
     """
     from ..generation.chat import ChatSession, load_conversation
+    pop_constraint(options)
     messages = load_conversation(load_path) if load_path else []
     loaded = load_timed(model_path)
     model = loaded.model

@@ -236,3 +236,20 @@ def progress_bar():
         return None
     return lambda label, total: click.progressbar(length=total, label=label, file=sys.stderr, show_percent=True,
                                                   show_eta=True)
+
+
+def figures(stats, load_seconds: float, verbose: bool = False) -> str:
+    """The figures a run prints on stderr when it ends (generate, chat, --logprobs): tokens, speeds, load, memory."""
+    import resource
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    lines = ["==========",
+             f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tokens/s",
+             f"generation: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tokens/s",
+             f"load: {load_seconds:.2f} s, peak memory: {peak_mb:.0f} MB"]
+    if verbose:
+        lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
+                     f"decode {stats.decode_seconds:.3f} s")
+    if verbose and stats.drafted:
+        lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
+                     f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
+    return "\n".join(lines)

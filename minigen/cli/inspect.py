@@ -44,11 +44,30 @@ def emit(result: dict, as_json: bool, format_lines):
         click.echo(line)
 
 
-def shared(f):
-    """--model, --chat and --json, which every command on a prompt takes."""
-    f = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (fields: README).")(f)
-    f = click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")(f)
-    return model_option(f)
+def shared(fields: str):
+    """--model, --chat and --json, which every command on a prompt takes; `fields`: the JSON object's fields,
+    for --json's help (docs/inspection.md's table says what each holds)."""
+    def options(f):
+        f = click.option("--json", "as_json", is_flag=True,
+                         help=f"Print the result as one JSON object: command, {fields} (docs/inspection.md, --json).")(f)
+        f = click.option("--chat", is_flag=True, help="Render the prompt through the chat template first.")(f)
+        return model_option(f)
+    return options
+
+
+JSON_FIELDS = {   # each command's --json fields besides `command`
+    "attention": "view (census, top_keys, query_grid, probe or files) and that view's fields",
+    "ablate": "components, mode, position, target, top_before, top_after, logp_before, logp_after, delta_logp, kl "
+              "(--sweep: sweep, rank, effects)",
+    "experts": "n_experts, experts_per_token, normalisation, tokens, layers",
+    "patch": "what, position, answer, wrong, logit_diff_clean, logit_diff_corrupted, layers, columns, logit_diff, "
+             "restored, clean_tokens, corrupted_tokens",
+    "lens": "position, target, rows",
+    "dla": "position, target, vs, layers, embed, heads, attn_bias, attn, mlp, norm_bias, total, logit, softcap, "
+           "post_norm, capped",
+    "trace": "layer, head, query, matches_model, lines, q, keys, scores, scaled, weights, output "
+             "(a recurrent layer: mixer; --seeds: seeds)",
+}
 
 
 def usage(message: str | None):
@@ -59,7 +78,7 @@ def usage(message: str | None):
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["attention"])
 @click.option("--from", "from_path", metavar="DUMP.npz", help="Inspect a dump made by --dump-attention instead.")
 @click.option("--layer", type=int, help="Layer for --token (and the page's first view).")
 @click.option("--head", type=int, help="Head for --token (and the page's first view).")
@@ -175,7 +194,7 @@ def serve_attention(page: str, kept, src, port: int | None):
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["ablate"])
 @click.option("--heads", metavar="L.H,...", help="Heads to ablate: 18.6,17.4 (18.* for a whole layer).")
 @click.option("--attn", "attn_layers", metavar="LAYERS", help="Attention blocks to ablate: 3,5-7.")
 @click.option("--mlp", "mlp_layers", metavar="LAYERS", help="MLP blocks to ablate: 3,5-7.")
@@ -220,7 +239,7 @@ def ablate(prompt, model_path, chat, as_json, heads, attn_layers, mlp_layers, ex
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["experts"])
 @click.option("--layers", metavar="LAYERS", help="Layers to report: 0,5-7 (default all).")
 def experts(prompt, model_path, chat, as_json, layers):
     """Routed experts: which experts each token of PROMPT went to in each layer, with their weights.
@@ -238,7 +257,7 @@ def experts(prompt, model_path, chat, as_json, layers):
 @click.command(cls=Command)
 @click.argument("clean", required=False)
 @click.argument("corrupted", required=False)
-@shared
+@shared(JSON_FIELDS["patch"])
 @click.option("--answer", metavar="TOKEN", help="The clean prompt's answer (text or #ID; default: its top token).")
 @click.option("--wrong", metavar="TOKEN", help="The answer it is told apart from (default: the corrupted prompt's top token).")
 @click.option("--what", type=click.Choice(["heads", "resid", "attn", "mlp"]), default="heads", show_default=True,
@@ -266,7 +285,7 @@ def patch(clean, corrupted, model_path, chat, as_json, answer, wrong, what, toke
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["lens"])
 @click.option("--token", "token_spec", metavar="I|TEXT", help="Position to read (default: the last).")
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="Top tokens per layer.")
 @click.option("--target", metavar="TOKEN", help="Token whose rank and probability are followed (default: the final top one).")
@@ -284,7 +303,7 @@ def lens(prompt, model_path, chat, as_json, token_spec, top_k, target):
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["dla"])
 @click.option("--token", "token_spec", metavar="I|TEXT", help="Position to attribute (default: the last).")
 @click.option("--target", metavar="TOKEN", help="Token whose logit is attributed (text or #ID; default: the top one).")
 @click.option("--vs", metavar="TOKEN", help="Attribute logit(target) - logit(vs) instead.")
@@ -303,7 +322,7 @@ def dla(prompt, model_path, chat, as_json, token_spec, target, vs, top):
 
 @click.command(cls=Command)
 @click.argument("prompt", required=False)
-@shared
+@shared(JSON_FIELDS["trace"])
 @click.option("--layer", type=int, help="Layer to trace.")
 @click.option("--head", type=int, help="Query head to trace.")
 @click.option("--token", "token_spec", metavar="I|TEXT", help="Query token (default: the last).")

@@ -5,14 +5,16 @@ piece by piece, notes and figures to stderr.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import click
 
+from ..errors import MinigenError
 from ..generation.options import Options, flags_of, spec, summary
 from . import harness
-from .harness import Command, load_timed, model_option, progress_bar, read_prompt
+from .harness import Command, figures, load_timed, model_option, progress_bar, read_prompt
 
 
 def run_flag(f):
@@ -35,10 +37,59 @@ def _parsed(parse, value, param):
         raise click.BadParameter(str(e), param_hint=param.opts[-1]) from None
 
 
+# Options.constraint from four flags (at most one given): pop_constraint turns them into it, before the model loads
+CONSTRAINT_FLAGS = (
+    click.option("--json-schema", metavar="FILE|JSON",
+                 help="The output is JSON valid against this schema (a file, or the schema's JSON text)."),
+    click.option("--json-object", is_flag=True, default=None, help="The output is a JSON object (any)."),
+    click.option("--regex", metavar="RE", help="The output matches this regular expression, whole."),
+    click.option("--grammar", metavar="FILE",
+                 help="The output follows this grammar: Lark (llguidance's syntax) or llama.cpp's GBNF."),
+)
+GRAMMAR_LIMIT = 16 * 1024 * 1024   # bytes of a schema or grammar file
+
+
+def pop_constraint(flags: dict) -> None:
+    """Replace --json-schema / --json-object / --regex / --grammar in `flags` by `constraint`, compiled;
+    a usage error naming the flag when it does not compile (or when two are given)."""
+    from ..generation import constraint
+    given = {k: flags.pop(k) for k in ("json_schema", "json_object", "regex", "grammar")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if len(given) > 1:
+        raise click.UsageError(" and ".join(_flag(k) for k in given) + ": give one constraint, not several")
+    if not given:
+        return
+    (kind, value), = given.items()
+    try:
+        text = _file_or_text(kind, value)
+        flags["constraint"] = constraint.MAKERS[kind](text)
+    except (ValueError, MinigenError) as e:
+        raise click.BadParameter(str(e), param_hint=f"'{_flag(kind)}'") from None
+
+
+def _file_or_text(kind: str, value):
+    """--grammar is a file; --json-schema a file if one is there, else the schema's text."""
+    from ..files import decode_utf8, read_bounded
+    if kind == "grammar" or (kind == "json_schema" and os.path.exists(value)):
+        return decode_utf8(read_bounded(value, GRAMMAR_LIMIT, kind.replace("_", " ")), value, "the file")
+    if kind == "json_schema":
+        import json
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"no such file, and not a schema's JSON text ({e.msg} at column {e.colno})") from None
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def run_options(name: str):
-    """A decorator: the flags of every run option that command `name` has (options.flags_of), then -q, -v."""
+    """A decorator: the flags of every run option that command `name` has (options.flags_of), the
+    constraint's (CONSTRAINT_FLAGS), then -q, -v."""
     def add(command):
-        for option in reversed([run_flag(f) for f in flags_of(name)] + [
+        for option in reversed([run_flag(f) for f in flags_of(name)] + list(CONSTRAINT_FLAGS) + [
                 click.option("-q", "--quiet", is_flag=True, help="No figures on stderr."),
                 click.option("-v", "--verbose", is_flag=True, help="Settings before, more figures after.")]):
             command = option(command)
@@ -74,6 +125,7 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
              logprobs_of, as_json, **flags):
     """Generate text from PROMPT and stream it to stdout; figures go to stderr."""
     from ..generation.steps import Run, prompt_ids
+    pop_constraint(flags)
     if logprobs is None and (as_json or logprobs_of != "model"):
         raise click.UsageError("--json and --logprobs-of go with --logprobs K")
     if logprobs is not None and (flags.get("dump_path") is not None or batch_file is not None):
@@ -127,22 +179,6 @@ def print_end(stats, max_context: int, stopped: str, load_seconds: float, quiet:
         click.echo(figures(stats, load_seconds, verbose), err=True)
 
 
-def figures(stats, load_seconds: float, verbose: bool = False) -> str:
-    import resource
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    lines = ["==========",
-             f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tokens/s",
-             f"generation: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tokens/s",
-             f"load: {load_seconds:.2f} s, peak memory: {peak_mb:.0f} MB"]
-    if verbose:
-        lines.append(f"finish: {stats.finish or 'interrupted'}, prefill {stats.prefill_seconds:.3f} s, "
-                     f"decode {stats.decode_seconds:.3f} s")
-    if verbose and stats.drafted:
-        lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
-                     f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
-    return "\n".join(lines)
-
-
 BATCH = 16   # sequences in one batch at most
 
 
@@ -151,7 +187,8 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
     soon as it and those before it are done; a progress line on stderr in a terminal."""
     import json
     from ..errors import MinigenError, OptionError
-    from ..generation.batch import PromptError, batch_runs, read_batch_file
+    from ..generation.batch import PromptError, batch_runs
+    from .batch_file import read_batch_file
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
     Options.of(**given)   # the flags first: a bad one is a usage error naming it
     prompts, per_prompt, lines = read_batch_file(path)

@@ -12,7 +12,7 @@ import click
 from ..errors import MinigenError
 
 from ..files import MiB, decode_utf8, read_bounded
-from .harness import Command, load_timed, model_option, read_prompt
+from .harness import Command, figures, load_timed, model_option, read_prompt
 
 TEXT_LIMIT = 64 * MiB  # bytes of text perplexity reads (wikitext-2's test set is 1.3 MB)
 
@@ -45,7 +45,6 @@ def print_logprobs_run(run, load_seconds: float, k: int, sampled: bool, as_json:
                        verbose: bool) -> int:
     """generate --logprobs K: one line (or JSON object) per generated token as it comes, then the figures
     (with --json: one more object, on stdout). The EOS that ends a run is not text, and not listed."""
-    from .run import figures
     steps = []
     run.on_step.append(steps.append)
     code, text = 0, []

@@ -1,43 +1,68 @@
-"""The per-layer cache: for attention, the growing KV cache, one per layer, preallocated, written at an offset, grown geometrically;
-for the recurrent layers of hybrids (Gated DeltaNet, short conv, Mamba2), a fixed-size state (StateCache).
+"""The per-layer cache. A model's cache is a list, one `LayerCache` per layer, of the kind its token mixer
+needs (mixers.MIXERS): for attention, the growing KV cache; for the recurrent layers of hybrids (Gated
+DeltaNet, short conv, Mamba2), a fixed-size state (StateCache); for Falcon-H1's layers, both (`Both`).
 
-A decode step writes one row and reads views of the filled part, so it costs O(current length);
-the buffers are only reallocated when full, doubling, never re-concatenated every step. Only the
-filled part is ever read, so the buffers start empty rather than zeroed: capacity not yet written
-costs no memory (np.zeros would have malloc clear, and so touch, much of it up front). Cutting it
-back (`truncate`, for a conversation whose new turn shares only a prefix with what was computed) only
-moves the offset: the rows beyond it are overwritten by the next writes.
+Every layer cache has the same small interface (`LayerCache`): how many positions it holds (`offset`),
+how far back it can be cut (`keepable`) and the cut (`truncate`), a snapshot to return to later
+(`checkpoint`), and a copy of its first n positions (`copy`, for the server's prefix cache). What the
+mixer reads and writes (keys and values, a state) is the layer kind's own.
 
-Keys are stored transposed, (n_kv, head_dim, capacity): the filled part of each head is then a
-contiguous-row (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a
-decode step than against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys
-as (n_kv, S, head_dim) views, so callers never see the difference.
+The KV cache. A decode step writes one row and reads views of the filled part, so it costs O(current
+length); the buffers are only reallocated when full, doubling, never re-concatenated every step. Only
+the filled part is ever read, so the buffers start empty rather than zeroed: capacity not yet written
+costs no memory (np.zeros would have malloc clear, and so touch, much of it up front). Keys are stored
+transposed, (n_kv, head_dim, capacity): the filled part of each head is then a contiguous-row
+(head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a decode step than
+against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys as (n_kv, S,
+head_dim) views, so callers never see the difference. Cutting it back only moves the offset.
 
 Rolling back (a rejected speculative token, a chat turn whose template renders earlier turns
-differently) is `truncate(cache, n)` on the whole model's cache: every layer has `offset`,
-`truncate(n)` and `keepable(n)`. A KV layer keeps any n (the offset moves). A recurrent layer can
-only return to where its state was kept: `checkpoint(cache)` snapshots every recurrent layer at the
-current offset (the last few snapshots are kept), and `truncate(cache, n)` cuts every layer to the
-largest m <= n all of them can return to (n itself, a snapshot, or 0) and returns m; the caller feeds
-ids[m:n] again. A snapshot costs one copy of the states (Qwen3.5-0.8B: 19 MB, a few ms); a miss, the
-forward of the tokens between the snapshot and n.
+differently) is `truncate(cache, n)` on the whole model's cache. A KV layer keeps any n. A recurrent
+layer can only return to where its state was kept: `checkpoint(cache)` snapshots every recurrent layer
+at the current offset (the last few snapshots are kept), and `truncate(cache, n)` cuts every layer to
+the largest m <= n all of them can return to (n itself, a snapshot, or 0) and returns m; the caller
+feeds ids[m:n] again. A snapshot costs one copy of the states (Qwen3.5-0.8B: 19 MB, a few ms).
+
+What a cache may keep also depends on the positions' RoPE factors (Phi-3's longrope): `reusable` is
+that rule, and `resume` applies it; every caller that feeds a cache goes through them.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
+from . import parallel
+from .attention import causal_attention, pooled_decode_attention, slot_runs
 
-class KVCache:
-    """Keys and values of one layer; `offset` positions are filled."""
 
-    def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
-        self.keys_t = np.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
-        self.values = np.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
-        self.offset = 0
+class LayerCache(Protocol):
+    """What every layer's cache does, whatever it holds."""
+    offset: int                                        # positions seen so far
+
+    def keepable(self, n: int) -> int: ...             # the largest m <= n it can be cut back to
+    def truncate(self, n: int) -> None: ...            # back to its first n positions (n: keepable)
+    def checkpoint(self) -> None: ...                  # keep what it holds now, so truncate may return here
+    def copy(self, n: int, capacity: int) -> "LayerCache | None": ...   # a new cache of its first n positions
+    @property
+    def nbytes(self) -> int: ...
+
+
+# --- attention: keys and values -------------------------------------------------------------------------
+
+class KVBase:
+    """Keys and values of one layer, `offset` positions filled: what KVCache and a pool's slot share. A
+    subclass says where the arrays are (`keys_t` (KV, d, capacity), `values` (KV, capacity, d)) and how
+    they grow."""
+    offset: int
 
     @property
     def capacity(self) -> int:
         return self.values.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys_t.nbytes + self.values.nbytes
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v (n_kv, T, head_dim); return views of all keys and values (n_kv, offset, head_dim)."""
@@ -48,7 +73,7 @@ class KVCache:
 
     def extend(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Room for n more positions: views (n_kv, n, head_dim) of their keys and values for the caller
-        to fill (a long prompt's row chunks fill theirs on parallel threads); the offset moves past them."""
+        to fill; the offset moves past them."""
         end = self.offset + n
         if end > self.capacity:
             self._grow(end)
@@ -59,11 +84,46 @@ class KVCache:
         """Views (n_kv, offset, head_dim) of all keys and values so far."""
         return self.keys_t[:, :, :self.offset].transpose(0, 2, 1), self.values[:, :self.offset]
 
+    def keepable(self, n: int) -> int:
+        return n
+
     def truncate(self, n: int):
         """Keep the first n positions (0 <= n <= offset); later writes start at n."""
         if not 0 <= n <= self.offset:
             raise ValueError(f"cannot truncate a cache of {self.offset} positions to {n}")
         self.offset = n
+
+    def checkpoint(self):
+        """Nothing to keep: any earlier length is a truncate away."""
+
+    def copy(self, n: int, capacity: int) -> "KVCache":
+        keys, values = self.fetch()
+        new = KVCache(keys.shape[0], keys.shape[2], max(capacity, n))
+        new.update_and_fetch(keys[:, :n], values[:, :n])
+        return new
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None, scale: float,
+               softcap: float | None, want_weights: bool = False, on_block=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """One sequence's new k and v (T, KV, d) join the cache, and the queries q (T', H, d) of its last
+        T' <= T rows attend causally over all of it: each head's output (T', H, d), and the weights
+        (H, T', S) when asked (or, with `on_block`, handed over a few rows at a time: causal_attention)."""
+        offset = self.offset + len(k) - len(q)                               # the first query's position
+        keys, values = self.update_and_fetch(k.transpose(1, 0, 2), v.transpose(1, 0, 2))   # (KV, S, d)
+        out, weights = causal_attention(q.transpose(1, 0, 2), keys, values, offset, window, want_weights,
+                                        scale, softcap, on_block)            # (H, T', d)
+        return out.transpose(1, 0, 2), weights                               # (T', H, d)
+
+    def _grow(self, needed: int):
+        raise NotImplementedError
+
+
+class KVCache(KVBase):
+    """A sequence's keys and values of one layer, in arrays of its own."""
+
+    def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
+        self.keys_t = np.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
+        self.values = np.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
+        self.offset = 0
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
@@ -78,15 +138,14 @@ class KVCache:
 
 class KVPool:
     """The keys and values of one attention layer for every sequence of a batch (generation/batch.py),
-    one slot each, in one array: a decode step then attends for all of them at once, one product over
-    the slots (attention.pooled_decode_attention) instead of a handful of small ones per sequence.
-    Each sequence sees its slot as a KVCache (`PooledKV`). The slots share one capacity, which grows
-    like a KVCache's (doubling; each slot copies only its filled part); the slot count doubles when
-    all are taken. The arrays start zeroed, not empty as a KVCache's: a pooled product reads past a
-    short slot's end, where its zero weights times V must stay zero (0 x a NaN of uninitialised memory
-    would not). np.zeros takes fresh pages from the system, touched only when written, so a long
-    sequence beside short ones costs little more memory than it would alone. `release` hands a
-    leaving sequence its own KVCache."""
+    one slot each, in one array: a decode step then attends for all of them at once (`attend`), one
+    product over the slots instead of a handful of small ones per sequence. Each sequence sees its slot
+    as its layer cache (`PooledKV`). The slots share one capacity, which grows like a KVCache's
+    (doubling; each slot copies only its filled part); the slot count doubles when all are taken. The
+    arrays start zeroed, not empty as a KVCache's: a pooled product reads past a short slot's end, where
+    its zero weights times V must stay zero (0 x a NaN of uninitialised memory would not). np.zeros
+    takes fresh pages from the system, touched only when written, so a long sequence beside short ones
+    costs little more memory than it would alone. `release` hands a leaving sequence a KVCache of its own."""
 
     def __init__(self, n_kv: int, head_dim: int, slots: int = 4, capacity: int = 256):
         self.keys_t = np.zeros((slots, n_kv, head_dim, capacity), np.float32)   # (P, KV, d, C)
@@ -107,6 +166,19 @@ class KVPool:
         self.members[free] = member = PooledKV(self, free)
         return member
 
+    def attend(self, members: list["PooledKV"], q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None,
+               scale: float, softcap: float | None) -> np.ndarray:
+        """A decode step of B member sequences: each one's new q (B, H, d), k and v (B, KV, d) join its
+        slot, and every q attends over its own keys, in one product per run of neighbouring slots of like
+        lengths (attention.slot_runs). Each head's output (B, H, d)."""
+        slots, lengths = self.append(members, k, v)                          # (B,) x2
+        z = np.empty_like(q)                                                 # (B, H, d)
+        with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
+            for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
+                z[run] = pooled_decode_attention(q[run], self.keys_t, self.values, slots[run], lengths[run],
+                                                 window, scale, softcap)
+        return z
+
     def append(self, members: list["PooledKV"], k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One more position for each member: its row of k and v (B, KV, d), written in one go. Returns
         the members' slots and their lengths now, each (B,)."""
@@ -122,8 +194,7 @@ class KVPool:
 
     def release(self, member: "PooledKV") -> KVCache:
         """The member's keys and values as a KVCache of its own (room for one more position); its slot is free."""
-        own = KVCache(self.keys_t.shape[1], self.keys_t.shape[2], member.offset + 1)
-        own.update_and_fetch(*member.fetch())
+        own = member.copy(member.offset, member.offset + 1)
         del self.members[member.slot]
         if not self.members:   # the batch is empty: its memory goes back (a server idles at its first size)
             self._grow(*self.first)
@@ -138,9 +209,9 @@ class KVPool:
         self.keys_t, self.values = keys_t, values
 
 
-class PooledKV(KVCache):
-    """One sequence's slot of a KVPool, used as its KVCache (the arrays are the pool's, seen through
-    the slot, so they follow the pool when it grows)."""
+class PooledKV(KVBase):
+    """One sequence's slot of a KVPool, used as its layer cache: its arrays are the pool's, seen through the
+    slot, so they follow the pool when it grows."""
 
     def __init__(self, pool: KVPool, slot: int):
         self.pool, self.slot, self.offset = pool, slot, 0
@@ -157,6 +228,24 @@ class PooledKV(KVCache):
         self.pool._grow(len(self.pool.values), max(needed, 2 * self.capacity))
 
 
+def pool(cache: list, pools: list) -> list:
+    """`cache` (a whole model's, in place) with each layer that has a pool (pools[i] not None) moved into a
+    slot of it: what it holds is copied there. The list stays the caller's."""
+    for i, (layer, p) in enumerate(zip(cache, pools)):
+        if p is not None and isinstance(layer, KVCache):
+            cache[i] = p.take(layer.capacity)
+            cache[i].update_and_fetch(*layer.fetch())
+    return cache
+
+
+def unpool(cache: list) -> list:
+    """`cache` (in place) with each pooled layer back in arrays of its own, its slot freed."""
+    for i, layer in enumerate(cache):
+        if isinstance(layer, PooledKV):
+            cache[i] = layer.pool.release(layer)
+    return cache
+
+
 # --- recurrent layers: a fixed-size state instead of a growing K/V ------------------------------------
 
 class StateCache:
@@ -166,10 +255,8 @@ class StateCache:
 
     It cannot be cut back by moving the offset: the state after n tokens is gone once more are fed.
     `checkpoint()` keeps a copy of the state at the current offset (the last `keep` of them), and
-    `truncate(n)` restores the one taken at n, or, at 0, starts afresh. Callers cut the whole model's
-    cache with `truncate(cache, n)`, which keeps as much as every layer can restore and says how much
-    that is; what was not kept is recomputed by feeding those tokens again. A snapshot costs one copy
-    of the state (Qwen3.5-0.8B: 1.1 MB per Gated DeltaNet layer, 19 MB for the model); restoring it, one copy back.
+    `truncate(n)` restores the one taken at n, or, at 0, starts afresh. A snapshot costs one copy of the
+    state (Qwen3.5-0.8B: 1.1 MB per Gated DeltaNet layer, 19 MB for the model); restoring it, one copy back.
     """
 
     def __init__(self, tail_shape: tuple, state_shape: tuple | None = None, keep: int = 4):
@@ -177,6 +264,10 @@ class StateCache:
         self.state = None if state_shape is None else np.zeros(state_shape, np.float32)
         self.offset, self.keep = 0, keep
         self.snapshots: dict[int, tuple] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for s in [(self.tail, self.state), *self.snapshots.values()] for a in s if a is not None)
 
     def update(self, tail: np.ndarray, state: np.ndarray | None, n: int):
         """The state after n more positions."""
@@ -209,62 +300,57 @@ class StateCache:
         self.offset = n
         self.snapshots = {s: v for s, v in self.snapshots.items() if s <= n}
 
+    def copy(self, n: int, capacity: int = 0) -> "StateCache | None":
+        """A new StateCache at position n, with the snapshots up to it; None unless n is keepable exactly."""
+        if self.keepable(n) != n:
+            return None
+        new = StateCache(self.tail.shape, None if self.state is None else self.state.shape, self.keep)
+        new.snapshots = {s: tuple(None if a is None else a.copy() for a in v) for s, v in self.snapshots.items() if s <= n}
+        if n == self.offset:
+            new.update(self.tail.copy(), None if self.state is None else self.state.copy(), n)
+        else:
+            new.offset = self.offset   # truncate restores the snapshot at n
+            new.truncate(n)
+        return new
 
-class ParallelCache(KVCache):
-    """Falcon-H1's layers run attention and Mamba2 side by side: a KVCache that also holds the Mamba2
-    part's StateCache (`ssm`), the two advanced together."""
 
-    def __init__(self, n_kv: int, head_dim: int, capacity: int, ssm: StateCache):
-        super().__init__(n_kv, head_dim, capacity)
-        self.ssm = ssm
+class Both:
+    """Falcon-H1's layers run attention and Mamba2 side by side: the layer's cache is a KV cache (`kv`)
+    and a Mamba2 state (`state`), advanced together; each mixer reads its own part."""
 
-    def checkpoint(self):
-        self.ssm.checkpoint()
+    def __init__(self, kv: KVCache, state: StateCache):
+        self.kv, self.state = kv, state
+
+    @property
+    def offset(self) -> int:
+        return self.kv.offset
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.state.nbytes
 
     def keepable(self, n: int) -> int:
-        return self.ssm.keepable(n)
+        return self.state.keepable(n)
 
     def truncate(self, n: int):
-        self.ssm.truncate(n)
-        super().truncate(n)
+        self.state.truncate(n)
+        self.kv.truncate(n)
+
+    def checkpoint(self):
+        self.state.checkpoint()
+
+    def copy(self, n: int, capacity: int) -> "Both | None":
+        state = self.state.copy(n)
+        return None if state is None else Both(self.kv.copy(n, capacity), state)
 
 
-# --- one cache per layer, of the layer's kind -----------------------------------------------------
-
-def delta_net_cache(cfg, capacity: int = 0) -> StateCache:
-    m = cfg.delta_net
-    conv = 2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim
-    return StateCache((m.conv_kernel - 1, conv), (m.value_heads, m.key_dim, m.value_dim))
-
-
-def short_conv_cache(cfg, capacity: int = 0) -> StateCache:
-    return StateCache((cfg.short_conv.kernel - 1, cfg.hidden_size))
-
-
-def mamba_cache(cfg, capacity: int = 0) -> StateCache:
-    m = cfg.mamba
-    return StateCache((m.conv_kernel - 1, m.inner + 2 * m.groups * m.state_size), (m.heads, m.head_dim, m.state_size))
-
-
-CACHES = {   # per token mixer: the layer's cache
-    "attention": lambda cfg, capacity: KVCache(cfg.n_kv_heads, cfg.head_dim, capacity),
-    "gated_delta": delta_net_cache,
-    "short_conv": short_conv_cache,
-    "mamba2": mamba_cache,
-    "attention+mamba2": lambda cfg, capacity: ParallelCache(cfg.n_kv_heads, cfg.head_dim, capacity, mamba_cache(cfg)),
-}
-
-
-def make_cache(cfg, capacity: int = 256) -> list:
-    """One cache per layer of the model `cfg` (a Config), of the kind its token mixer needs."""
-    return [CACHES[cfg.mixer(i)](cfg, capacity) for i in range(cfg.n_layers)]
-
+# --- the whole model's cache ---------------------------------------------------------------------------
 
 def truncate(cache: list, n: int) -> int:
-    """Cut every layer back to its first n positions, or, when a recurrent layer (StateCache) has no
-    snapshot there, to the latest position every layer can return to (0 at worst). Returns the
-    positions kept: the caller feeds the tokens after them again."""
-    n = min([n] + [layer.keepable(n) for layer in cache if hasattr(layer, "keepable")])
+    """Cut every layer back to its first n positions, or, when a recurrent layer has no snapshot there, to
+    the latest position every layer can return to (0 at worst). Returns the positions kept: the caller
+    feeds the tokens after them again."""
+    n = min([n] + [layer.keepable(n) for layer in cache])
     for layer in cache:
         layer.truncate(n)
     return n
@@ -273,51 +359,39 @@ def truncate(cache: list, n: int) -> int:
 def checkpoint(cache: list):
     """Snapshot every recurrent layer at the current offset (attention layers need none)."""
     for layer in cache:
-        if hasattr(layer, "checkpoint"):
-            layer.checkpoint()
+        layer.checkpoint()
 
 
-# --- what a cache may keep: longrope's rules ---------------------------------------------------------
-
-def must_recompute(cfg, offset: int, n_new: int) -> bool:
-    """Whether the cache has to be rebuilt before feeding n_new tokens at `offset`: longrope switches
-    to its long factors once the sequence passes original_max_position_embeddings, and transformers
-    then recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation)."""
-    return any(r is not None and r.kind == "longrope" and 0 < offset <= r.original_max < offset + n_new
-               for r in set(cfg.rope))
+def copy(cache: list, n: int, capacity: int) -> list | None:
+    """A new cache holding the first n positions of `cache` (room for `capacity`), or None where a layer
+    cannot return to n (a recurrent one without a snapshot there)."""
+    layers = [layer.copy(n, capacity) for layer in cache]
+    return None if any(layer is None for layer in layers) else layers
 
 
-def reusable_prefix(cfg, cached: int, common: int, total: int) -> int:
-    """How many positions of a cache holding `cached` a sequence of `total` ids may keep when its first
-    `common` ids are the cached ones: all `common`, unless longrope's switch lies between. Keys cached
-    past the switch were computed with the long factors (must_recompute sees to it), below it with the
-    short ones; a sequence reaching past it wants the long ones at every position, one below it the
-    short ones. Then nothing is kept, and the new forward computes the whole sequence afresh."""
+def offset(cache: list) -> int:
+    """The positions every layer holds (a Ctrl-C inside a forward may have filled only some)."""
+    return min(layer.offset for layer in cache)
+
+
+# --- what a cache may keep: longrope's rule ------------------------------------------------------------
+
+def reusable(cfg, cached: int, common: int, total: int) -> int:
+    """How many positions of a cache whose keys were computed for `cached` positions a forward may keep
+    that takes the sequence to `total` positions, when the cache's first `common` positions are the
+    sequence's: `common`, unless Phi-3's longrope switch lies between. Longrope rotates every position
+    with its long factors once the sequence passes original_max_position_embeddings, and transformers then
+    recomputes every cached key with them (Phi3ForCausalLM.prepare_inputs_for_generation): a cache built
+    past the switch holds long keys (this rule recomputed them when it was crossed), one below it short
+    ones. A sequence reaching past the switch wants long keys at every position, one below it short ones;
+    where the kept part could hold the other kind, nothing is kept, and the forward computes the whole
+    sequence afresh. (A decode step that crosses the switch is the case common = cached < total.)"""
     return 0 if any(r is not None and r.kind == "longrope" and common <= r.original_max
                     and (cached > r.original_max or total > r.original_max) for r in set(cfg.rope)) else common
 
 
-# --- a batch's caches: attention layers in shared pools -----------------------------------------------
-
-def make_pools(cfg) -> list:
-    """Per layer of the model `cfg`: a KVPool for a batch's sequences if it is an attention layer, else None."""
-    return [KVPool(cfg.n_kv_heads, cfg.head_dim) if cfg.mixer(i) == "attention" else None
-            for i in range(cfg.n_layers)]
-
-
-def pool(cache: list, pools: list) -> list:
-    """`cache` (a whole model's, in place) with each attention layer moved into a slot of its pool:
-    what it holds is copied there. The list stays the caller's."""
-    for i, (layer, p) in enumerate(zip(cache, pools)):
-        if p is not None and type(layer) is KVCache:
-            cache[i] = p.take(layer.capacity)
-            cache[i].update_and_fetch(*layer.fetch())
-    return cache
-
-
-def unpool(cache: list) -> list:
-    """`cache` (in place) with each pooled layer back in arrays of its own, its slot freed."""
-    for i, layer in enumerate(cache):
-        if isinstance(layer, PooledKV):
-            cache[i] = layer.pool.release(layer)
-    return cache
+def resume(cfg, cache: list, common: int, total: int) -> int:
+    """Cut `cache` back to what a forward to `total` positions may keep of its first `common` (the ids they
+    hold are the sequence's), by longrope's rule (`reusable`) and what every layer can return to
+    (`truncate`). Returns the positions kept: the caller feeds the sequence's ids from there on."""
+    return truncate(cache, reusable(cfg, offset(cache), common, total))

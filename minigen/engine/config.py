@@ -105,7 +105,7 @@ class Config:
     rope: tuple = ()                  # per layer: a Rope, or None (no rotary embedding in that layer)
     sliding_window: int | None = None
     layer_types: tuple = ()           # per layer: "full_attention" | "sliding_attention"
-    layer_mixers: tuple = ()          # per layer: its token mixer (model.MIXERS); empty: attention in every layer
+    layer_mixers: tuple = ()          # per layer: its token mixer (mixers.MIXERS); empty: attention in every layer
     attn_gate: bool = False           # Qwen3.5: attention output x sigmoid(gate), the gate from q_proj
     delta_net: DeltaNet | None = None
     short_conv: ShortConv | None = None
@@ -125,11 +125,8 @@ class Config:
         return self.n_heads // self.n_kv_heads
 
     def mixer(self, layer: int) -> str:
-        """The layer's token mixer, a key of model.MIXERS."""
+        """The layer's token mixer, a key of mixers.MIXERS."""
         return self.layer_mixers[layer] if self.layer_mixers else "attention"
-
-    def has_attention(self, layer: int) -> bool:
-        return "attention" in self.mixer(layer)
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"

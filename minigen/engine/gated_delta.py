@@ -30,8 +30,10 @@ from functools import partial
 import numpy as np
 
 from . import parallel
-from .layers import silu
+from .layers import sigmoid, silu
+from .linear import linear
 from .short_conv import causal_conv
+from ..errors import MinigenError
 
 CHUNK = 64  # transformers' chunk_size; the chunked form is exact for any C, this one matches its rounding
 
@@ -39,10 +41,6 @@ CHUNK = 64  # transformers' chunk_size; the chunked form is exact for any C, thi
 def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """x / sqrt(Σx² + eps) over the last axis (FLA's and transformers' form)."""
     return x / np.sqrt(np.square(x).sum(-1, keepdims=True) + np.float32(eps))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return np.float32(0.5) * (np.tanh(x * np.float32(0.5)) + np.float32(1))   # no overflow for large |x|
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -162,7 +160,7 @@ def gated_deltanet(x: np.ndarray, tail: np.ndarray, state: np.ndarray, p: dict, 
     alone: on a long prompt those steps go in row chunks to both cores (parallel.by_rows)."""
     T = len(x)
     H, dv, n_qkv = m.value_heads, m.value_dim, 2 * m.key_heads * m.key_dim + m.value_heads * m.value_dim
-    proj = x @ p["w_in"].T                                                   # (T, n_qkv + H dv + 2H)
+    proj = linear(x, p["w_in"])                                              # (T, n_qkv + H dv + 2H)
     qkv, tail = causal_conv(proj[:, :n_qkv], tail, p["conv_w"])              # (T, n_qkv)
     q, k, v, g, beta = parallel.by_rows(heads_in, qkv, proj[:, n_qkv + H * dv:], p=p, m=m)
     if T == 1:
@@ -195,4 +193,51 @@ def heads_in(qkv: np.ndarray, ba: np.ndarray, p: dict, m) -> tuple:
 def heads_out(o: np.ndarray, z: np.ndarray, p: dict, m) -> np.ndarray:
     """Rows of the heads' outputs o and gates z (T, H, dv) through the gated RMSNorm and out_proj: (T, D)."""
     o = gated_rms_norm(o, z, p["gate_norm"], m.eps)                          # (T, H, dv)
-    return o.reshape(len(o), -1) @ p["w_out"].T
+    return linear(o.reshape(len(o), -1), p["w_out"])
+
+
+# --- one token's step, written out (minigen trace on a Gated DeltaNet layer) ----------------------------
+
+def one_token(x: np.ndarray, t: int, p: dict, cfg, head: int, fmt) -> tuple[list[str], np.ndarray, float]:
+    """Token t of the layer's normed input x (T, D) through the recurrence above for value head `head`, each
+    quantity as a line (vectors through `fmt`), from the state the layer's own forward leaves after tokens
+    0..t-1. Returns the lines, the layer's output for the token (D,), and how far this head's new state is
+    from the one the layer's own step computes."""
+    m = cfg.delta_net
+    H, Hk, dk, dv = m.value_heads, m.key_heads, m.key_dim, m.value_dim
+    if not 0 <= head < H:
+        raise MinigenError(f"--head {head} out of range (this Gated DeltaNet layer has {H} value heads: 0-{H - 1})")
+    n_qkv = 2 * Hk * dk + H * dv
+    tail, state = np.zeros((m.conv_kernel - 1, n_qkv), np.float32), np.zeros((H, dk, dv), np.float32)
+    if t > 0:
+        _, tail, state = gated_deltanet(x[:t], tail, state, p, m)
+    proj = linear(x[t:t + 1], p["w_in"])                                     # (1, n_qkv + H dv + 2H)
+    conv, _ = causal_conv(proj[:, :n_qkv], tail, p["conv_w"])
+    qkv = silu(conv)[0]
+    kh = head // (H // Hk)
+    q = l2norm(qkv[kh * dk:(kh + 1) * dk]) * np.float32(dk ** -0.5)
+    k = l2norm(qkv[Hk * dk + kh * dk:Hk * dk + (kh + 1) * dk])
+    v = qkv[2 * Hk * dk + head * dv:2 * Hk * dk + (head + 1) * dv]
+    beta = sigmoid(proj[0, n_qkv + H * dv + head])
+    g = -np.exp(p["A_log"][head]) * softplus(proj[0, n_qkv + H * dv + H + head] + p["dt_bias"][head])
+    S = state[head]
+    decayed = np.exp(g) * S
+    predicted = k @ decayed
+    delta = beta * (v - predicted)
+    S_new = decayed + np.outer(k, delta)
+    o = q @ S_new
+    full, _, new_state = gated_deltanet(x[t:t + 1], tail, state, p, m)
+    z = proj[0, n_qkv + head * dv:n_qkv + (head + 1) * dv]
+    lines = [
+        f"1. in_proj, then the causal conv (kernel {m.conv_kernel}) over this token and the {m.conv_kernel - 1} before it, "
+        f"SiLU: q, k (key head {kh} of {Hk}, L2-normed, q x 1/sqrt({dk})), v (value head {head} of {H})",
+        f"   q = {fmt(q)}", f"   k = {fmt(k)}", f"   v = {fmt(v)}",
+        f"2. the gate α = exp(-exp(A_log) softplus(a + dt_bias)) = {float(np.exp(g)):.4f}, the write strength "
+        f"β = sigmoid(b) = {float(beta):.4f}",
+        f"3. the state before this token, S ({dk} x {dv}), |S| = {np.linalg.norm(S):.4f}",
+        f"4. decay, then what it predicts for k: Sᵀk after α S = {fmt(predicted)}",
+        f"5. the delta rule: δ = β (v - that) = {fmt(delta)}; S ← α S + k δᵀ, |S| = {np.linalg.norm(S_new):.4f}",
+        f"6. the head's output o = Sᵀq = {fmt(o)}",
+        f"   this head after the gated RMSNorm: {fmt(gated_rms_norm(o, z, p['gate_norm'], m.eps))}",
+        f"7. every head through the gated RMSNorm (x silu(z)) and out_proj: the layer's output {fmt(full[0])}"]
+    return lines, full[0], float(np.abs(S_new - new_state[head]).max())

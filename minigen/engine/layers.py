@@ -1,4 +1,4 @@
-"""Norms, activations and rotary position embeddings, as pure NumPy functions in float32.
+"""Norms, activations, the gated MLP and rotary position embeddings, as pure NumPy functions in float32.
 
 Each follows the HF modeling file it stands in for, step for step, so that the numbers agree:
 RMSNorm (Gemma's (1 + w) is folded into the weight at load), LayerNorm, gelu_new / gelu_pytorch_tanh,
@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from .config import Rope
+from .linear import linear
 from ..errors import MinigenError
 
 
@@ -71,6 +72,10 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     return x
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(0.5) * (np.tanh(x * np.float32(0.5)) + np.float32(1))   # no overflow for large |x|
+
+
 def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, np.float32(0))
 
@@ -86,6 +91,17 @@ def activation(name: str):
     if name not in ACTIVATIONS:
         raise MinigenError(f"config.json: unsupported activation {name!r} (minigen has {', '.join(ACTIVATIONS)})")
     return ACTIVATIONS[name]
+
+
+def gated(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, fn, b_gate_up: np.ndarray | None = None,
+          b_down: np.ndarray | None = None) -> np.ndarray:
+    """A gated MLP on rows x (N, D): down(fn(gate x) * up x), gate and up stacked in gate_up (2F, D), down
+    (D, F). The dense MLP of most families, each routed expert (moe.py) and a shared MLP beside them."""
+    h = linear(x, gate_up, b_gate_up)                                        # (N, 2F)
+    F = h.shape[1] // 2
+    g = fn(h[:, :F])                                                         # (N, F)
+    g *= h[:, F:]  # in place: one (N, F) temporary fewer on a long prompt
+    return linear(g, down, b_down)                                           # (N, D)
 
 
 # --- rotary position embeddings -----------------------------------------------------------------
@@ -150,11 +166,11 @@ def query_scale(rope: Rope, positions: np.ndarray) -> np.ndarray | None:
     return (np.float32(1) + np.float32(rope.query_beta) * np.log(np.float32(1) + steps)).astype(np.float32)
 
 
-def rope_tables(rope: Rope, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(rope: Rope, positions: np.ndarray, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, each (T, rope.dim): the frequencies repeated for both halves (half-split layout),
     times longrope's or YaRN's attention factor. One forward uses one set of frequencies, chosen by its last
-    position, as transformers does."""
-    inv_freq = rope_frequencies(rope, int(positions[-1]) + 1 if len(positions) else 0)
+    position (or the sequence `length` given), as transformers does."""
+    inv_freq = rope_frequencies(rope, length if length is not None else int(positions[-1]) + 1 if len(positions) else 0)
     freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, dim/2)
     emb = np.concatenate([freqs, freqs], axis=-1)                       # (T, dim)
     cos, sin = np.cos(emb), np.sin(emb)

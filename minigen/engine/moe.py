@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import softmax
-from .layers import activation
+from .layers import activation, gated
+from .linear import linear
 
 
 def router_logits(x: np.ndarray, router: np.ndarray) -> np.ndarray:
     """(N, D) -> (N, E): every expert's score for every token."""
-    return x @ router.T
+    return linear(x, router)
 
 
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:
@@ -63,15 +64,6 @@ def by_expert(idx: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     starts = np.flatnonzero(np.r_[True, experts[1:] != experts[:-1]])
     ends = np.r_[starts[1:], len(order)]
     return {int(experts[s]): (order[s:e] // k, order[s:e] % k) for s, e in zip(starts, ends)}
-
-
-def gated(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, fn) -> np.ndarray:
-    """One expert (or the shared MLP) on rows x (n, D): down(fn(gate x) * up x), gate_up (2F, D), down (D, F)."""
-    h = x @ gate_up.T                                                        # (n, 2F)
-    F = h.shape[1] // 2
-    g = fn(h[:, :F])                                                         # (n, F)
-    g *= h[:, F:]
-    return g @ down.T                                                        # (n, D)
 
 
 def experts_out(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, gate_up: np.ndarray, down: np.ndarray,

@@ -25,6 +25,7 @@ from functools import partial
 import numpy as np
 
 from . import parallel
+from .linear import linear
 
 
 CONV_BLOCK = 1 << 18   # elements per block of rows: each tap's product stays in cache (6144 channels: 42 rows)
@@ -65,14 +66,29 @@ def short_conv(x: np.ndarray, tail: np.ndarray, p: dict) -> tuple[np.ndarray, np
     """LFM2's mixer on x (T, D), already normed: what it adds to the residual stream (T, D), and the
     convolution's new tail (K-1, D). p: w_in (3D, D), conv_w (D, K), w_out (D, D), and with
     conv_bias b_in, conv_b, b_out."""
-    bcx = x @ p["w_in"].T                                                    # (T, 3D)
-    if "b_in" in p:
-        bcx += p["b_in"]
+    bcx = linear(x, p["w_in"], p.get("b_in"))                                # (T, 3D)
     D = bcx.shape[1] // 3
     gated = bcx[:, :D] * bcx[:, 2 * D:]                                      # (T, D): B ⊙ x̃
     y, tail = causal_conv(gated, tail, p["conv_w"], p.get("conv_b"))         # (T, D)
     y *= bcx[:, D:2 * D]                                                     # C ⊙ conv(...)
-    out = y @ p["w_out"].T                                                   # (T, D)
-    if "b_out" in p:
-        out += p["b_out"]
-    return out, tail
+    return linear(y, p["w_out"], p.get("b_out")), tail                       # (T, D)
+
+
+# --- one token's step, written out (minigen trace on a short-convolution layer) -------------------------
+
+def one_token(x: np.ndarray, t: int, p: dict, cfg, head: int, fmt) -> tuple[list[str], np.ndarray, float]:
+    """Token t of the layer's normed input x (T, D) through the layer, each quantity as a line (vectors
+    through `fmt`), from the tail the layer's own forward leaves after tokens 0..t-1. Returns the lines,
+    the layer's output for the token (D,), and 0.0 (no state beyond the tail). `head` is unused: the
+    convolution is per channel."""
+    K, D = cfg.short_conv.kernel, cfg.hidden_size
+    tail = np.zeros((K - 1, D), np.float32)
+    if t > 0:
+        _, tail = short_conv(x[:t], tail, p)
+    bcx = linear(x[t:t + 1], p["w_in"], p.get("b_in"))
+    full, _ = short_conv(x[t:t + 1], tail, p)
+    lines = [f"1. in_proj: B, C, x̃ ({D} channels each); B ⊙ x̃ = {fmt((bcx[:, :D] * bcx[:, 2 * D:])[0])}",
+             f"2. the state before this token: B ⊙ x̃ of the {K - 1} tokens before it (the conv's tail), "
+             f"|tail| = {np.linalg.norm(tail):.4f}",
+             f"3. the depthwise conv over those and this token, times C, out_proj: the layer's output {fmt(full[0])}"]
+    return lines, full[0], 0.0

@@ -31,7 +31,9 @@ import numpy as np
 from . import parallel
 from .gated_delta import softplus
 from .layers import silu
+from .linear import linear
 from .short_conv import causal_conv
+from ..errors import MinigenError
 
 
 def step_size(dt: np.ndarray, dt_bias: np.ndarray, limit: tuple | None = None) -> np.ndarray:
@@ -112,9 +114,7 @@ def mamba2(x: np.ndarray, tail: np.ndarray, state: np.ndarray, p: dict, m) -> tu
     T = len(x)
     H, P, G, N = m.heads, m.head_dim, m.groups, m.state_size
     I = H * P
-    proj = x @ p["w_in"].T                                                   # (T, 2I + 2GN + H)
-    if "b_in" in p:
-        proj += p["b_in"]
+    proj = linear(x, p["w_in"], p.get("b_in"))                               # (T, 2I + 2GN + H)
     z, dt = proj[:, :I], proj[:, 2 * I + 2 * G * N:]
     xbc, tail = causal_conv(proj[:, I:2 * I + 2 * G * N], tail, p["conv_w"], p.get("conv_b"))
     xbc = silu(xbc)                                                          # (T, I + 2GN)
@@ -127,7 +127,43 @@ def mamba2(x: np.ndarray, tail: np.ndarray, state: np.ndarray, p: dict, m) -> tu
     else:
         y, state = chunked(xs, step_size(dt, p["dt_bias"], m.limit), A, B, C, p["D"], state, m.chunk)
     y = gated_norm(y.reshape(T, I), z, p.get("gate_norm"), G, m.eps, m.norm_before_gate)
-    out = y @ p["w_out"].T                                                   # (T, D)
-    if "b_out" in p:
-        out += p["b_out"]
-    return out, tail, state
+    return linear(y, p["w_out"], p.get("b_out")), tail, state                # (T, D)
+
+
+# --- one token's step, written out (minigen trace on a Mamba2 layer) ------------------------------------
+
+def one_token(x: np.ndarray, t: int, p: dict, cfg, head: int, fmt) -> tuple[list[str], np.ndarray, float]:
+    """Token t of the layer's normed input x (T, D) through the recurrence above for head `head`, each
+    quantity as a line (vectors through `fmt`), from the state the layer's own forward leaves after tokens
+    0..t-1. Returns the lines, the layer's output for the token (D,), and how far this head's new state is
+    from the one the layer's own step computes."""
+    m = cfg.mamba
+    H, P, G, N, I = m.heads, m.head_dim, m.groups, m.state_size, m.inner
+    if not 0 <= head < H:
+        raise MinigenError(f"--head {head} out of range (this Mamba2 layer has {H} heads: 0-{H - 1})")
+    tail, state = np.zeros((m.conv_kernel - 1, I + 2 * G * N), np.float32), np.zeros((H, P, N), np.float32)
+    if t > 0:
+        _, tail, state = mamba2(x[:t], tail, state, p, m)
+    proj = linear(x[t:t + 1], p["w_in"], p.get("b_in"))
+    conv, _ = causal_conv(proj[:, I:2 * I + 2 * G * N], tail, p["conv_w"], p.get("conv_b"))
+    xbc = silu(conv)[0]
+    g = head // (H // G)
+    xs = xbc[head * P:(head + 1) * P]
+    B, C = xbc[I + g * N:I + (g + 1) * N], xbc[I + G * N + g * N:I + G * N + (g + 1) * N]
+    delta = step_size(proj[0, 2 * I + 2 * G * N + head], p["dt_bias"][head])
+    A = -np.exp(p["A_log"][head])
+    S = state[head]
+    S_new = np.exp(delta * A) * S + np.outer(delta * xs, B)
+    y = S_new @ C + p["D"][head] * xs
+    full, _, new_state = mamba2(x[t:t + 1], tail, state, p, m)
+    lines = [
+        f"1. in_proj, then the causal conv (kernel {m.conv_kernel}) and SiLU: x (head {head} of {H}), B and C "
+        f"(group {g} of {G}, {N} dims)",
+        f"   x = {fmt(xs)}", f"   B = {fmt(B)}", f"   C = {fmt(C)}",
+        f"2. the step Δ = softplus(dt + dt_bias) = {float(delta):.4f}, the decay exp(Δ A) = {float(np.exp(delta * A)):.4f}",
+        f"3. the state before this token, S ({P} x {N}), |S| = {np.linalg.norm(S):.4f}",
+        f"4. S ← exp(Δ A) S + Δ x Bᵀ, |S| = {np.linalg.norm(S_new):.4f}",
+        f"5. y = S C + D x = {fmt(y)}",
+        f"6. every head gated by silu(z){' and RMS-normed per group' if m.norm else ''}, out_proj: the layer's output "
+        f"{fmt(full[0])}"]
+    return lines, full[0], float(np.abs(S_new - new_state[head]).max())

@@ -4,6 +4,7 @@
     sampling.py  logits -> next token: pure functions (log_softmax is inspect's too)
     steps.py     generate_step (the loop on ids), Run (text, stop strings, figures), generate, stream
     chat.py      ChatSession: a conversation and the KV cache kept between turns
+    constraint.py  a JSON schema, regex or grammar as a logits processor (llguidance's masks), per sequence
 
 May import: engine, text, errors, files.
 """

@@ -20,12 +20,12 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..engine.cache import checkpoint, reusable_prefix, truncate
+from ..engine.cache import checkpoint, offset, truncate
 from ..errors import MinigenError, first_line
 from ..files import MiB, atomic_write, read_regular
 from .options import Options
-from .speculative import common_prefix
-from .steps import Run, chat_ids
+from .sequence import chat_ids, common_prefix
+from .steps import Run
 
 
 CONVERSATION_LIMIT = 256 * MiB  # a saved conversation (chat --load)
@@ -55,8 +55,7 @@ class ChatSession:
         self._settle()
         options = self.options.update(**options).for_model(self.model)
         messages, ids, dropped = self.fit(self.messages + [{"role": "user", "content": text}], options)
-        keep = reusable_prefix(self.model.config, len(self.cached), common_prefix(self.cached, ids[:-1]), len(ids))
-        keep = truncate(self.cache, keep)   # a recurrent layer (hybrids) returns only to a snapshot, or 0
+        keep = self.model.resume(self.cache, common_prefix(self.cached, ids[:-1]), len(ids))   # a snapshot, or 0
         self.cached = self.cached[:keep]
         self._open = Reply(self, Run(self.model, self.tokenizer, ids, options, cache=self.cache), messages, dropped)
         return self._open
@@ -99,8 +98,7 @@ class ChatSession:
 
     def _end_turn(self, reply: "Reply"):
         fed = reply.run.prompt + reply.run.tokens        # every id the model may have been given, in order
-        n = min(layer.offset for layer in self.cache)     # Ctrl-C inside a forward: only some layers were filled
-        n = truncate(self.cache, n)
+        n = truncate(self.cache, offset(self.cache))      # Ctrl-C inside a forward: only some layers were filled
         checkpoint(self.cache)   # recurrent layers: the next turn, which shares this prefix, may return here
         self.cached = fed[:n]
         self.messages = reply.messages + [{"role": "assistant", "content": reply.content}]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Sequence
 
 from ..errors import MinigenError, OptionError, is_int, is_finite, short
+from . import constraint as constraints
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,20 @@ class Options:
                                       flags=("--draft-tokens",), type=int,
                                       help="At most this many drafts per forward (default 16, adaptive; 0: none).")
     # (speculative decoding, generation/speculative.py: at most draft_tokens drafts per forward; None: 16)
+    constraint: constraints.Constraint | None = option(   # generation/constraint.py; the CLI's --json-schema & co
+        None, _maybe(lambda v: isinstance(v, constraints.Constraint)),
+        "a JSON schema, a regex or a grammar: {\"json_schema\": ...}, {\"json_object\": true}, {\"regex\": ...}, "
+        "{\"grammar\": ...}")
 
     def __post_init__(self):
         stop = self.stop
         if isinstance(stop, (str, list)):  # one stop string, or a list of them, as the API takes them
             object.__setattr__(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
+        if self.constraint is not None:   # the dict forms compiled here: a bad schema is an OptionError
+            try:
+                object.__setattr__(self, "constraint", constraints.from_value(self.constraint))
+            except ValueError as e:
+                raise OptionError("constraint", str(e)) from None
         for f in fields(self):
             value = getattr(self, f.name)
             if not spec(f).check(value):
@@ -168,7 +178,9 @@ def _clashes(o: Options) -> list[tuple[bool, str, str]]:
              "prompt_lookup" if o.prompt_lookup else "draft_model",
              "cannot be combined with recording attention (a verifying forward holds drafts)"),
             (o.prompt_lookup and o.draft_model is not None, "draft_model",
-             "choose one drafter: prompt_lookup or draft_model, not both")]
+             "choose one drafter: prompt_lookup or draft_model, not both"),
+            (o.constraint is not None and o.ignore_eos, "ignore_eos",
+             "cannot be combined with a constraint (a complete output allows only EOS next)")]
 
 
 NAMES = tuple(f.name for f in fields(Options))

@@ -27,9 +27,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..engine.cache import truncate
 from ..errors import MinigenError
-from .steps import top_entries
+from .sequence import top_entries
 
 CHUNK = 128
 
@@ -41,28 +40,16 @@ def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
 
 
 def window_logprobs(model, ids: Sequence[int], first: int = 0, chunk: int = CHUNK) -> Iterator[np.ndarray]:
-    """Log-probs (n, V) of rows first .. len(ids)-2 of one window, a chunk at a time, in order."""
+    """Log-probs (n, V) of rows first .. len(ids)-2 of one window, a chunk at a time, in order. Every chunk
+    is computed for the window's whole length (`length`: longrope's factors are those transformers gives a
+    call over the whole window)."""
     ids = np.asarray(ids)
-    cache = model.make_cache(len(ids))
-    start = first
+    cache, n = model.make_cache(len(ids)), len(ids)
     if first > 0:
-        model.forward(ids[:first], cache, last_only=True)  # context only: no unembedding of its rows
-    switch = longrope_switch(model.config, len(ids))
-    if switch is not None and first <= switch:
-        # transformers rotates every position of a call with longrope's long factors once the call
-        # reaches past original_max: the first call that scores must reach past it too
-        truncate(cache, 0)
-        start = max(first, switch + 1)
-        yield log_softmax_rows(model.forward(ids[:start], cache)[first:len(ids) - 1])
-    for start in range(start, len(ids) - 1, chunk):
+        model.forward(ids[:first], cache, last_only=True, length=n)  # context only: no unembedding of its rows
+    for start in range(first, len(ids) - 1, chunk):
         end = min(start + chunk, len(ids) - 1)
-        yield log_softmax_rows(model.forward(ids[start:end], cache))          # (end - start, V)
-
-
-def longrope_switch(cfg, n: int) -> int | None:
-    """original_max of a longrope model whose window of n ids runs past it (else None)."""
-    found = [r.original_max for r in set(cfg.rope) if r is not None and r.kind == "longrope" and n > r.original_max]
-    return min(found) if found else None
+        yield log_softmax_rows(model.forward(ids[start:end], cache, length=n))   # (end - start, V)
 
 
 # --- a text's tokens ---------------------------------------------------------------------------------

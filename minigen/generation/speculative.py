@@ -27,20 +27,21 @@ decoding, plus a lookup of a few microseconds per token.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Iterator, Sequence as Ids
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..engine.cache import must_recompute, truncate
+from ..engine.cache import checkpoint, truncate
 from ..engine.model import hidden, unembed
 from ..errors import MinigenError
 from .sampling import Processor, categorical
+from .sequence import Sequence, Step, common_prefix
 
 KS = tuple(range(17))   # draft lengths the policy chooses among
 # forward(r rows) / forward(1 row) for SmolLM2-135M after a 150-token prompt (scripts/bench.py --spec,
 # AMD EPYC: 1.7-1.9 at 2 rows, 1.8-2.1 at 4 to 8, 2.0-2.3 at 9, 2.3-2.5 at 13 to 16; products of 4-7
-# and 12-15 rows are computed as 8 and 16, engine/model.padded_rows; between, the nearest size);
+# and 12-15 rows are computed as 8 and 16, engine/linear.padded_rows; between, the nearest size);
 # replaced by the times measured during the run once a size has been tried
 PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 8: 2.0, 9: 2.1, 10: 2.2, 12: 2.4, 16: 2.4, 17: 2.7}
 
@@ -52,8 +53,52 @@ def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
     return unembed(x[-rows:], model.params, model.config)                     # (rows, V)
 
 
+def speculative_step(model, prompt_ids: Ids[int], options=None, cache: list | None = None, *,
+                     drafter) -> Iterator[Step]:
+    """steps.generate_step with `drafter`'s guesses verified several per forward (its arguments, its Steps)."""
+    return decode(Sequence(model, prompt_ids, *(() if options is None else (options,)), cache), drafter)
+
+
+def decode(seq: Sequence, drafter) -> Iterator[Step]:
+    """Plain decoding's Steps (steps.decode), the same tokens (greedy) or the same distribution (sampling),
+    with `drafter`'s guesses verified several per forward. The cache, as plain decoding's, holds after each
+    Step the prompt and every generated token but the last."""
+    if seq.options.record_attention:
+        raise ValueError("speculative decoding records no attention weights (its forwards hold drafts)")
+    if seq.options.max_tokens == 0:
+        return
+    while True:
+        start, first = time.perf_counter(), not seq.generated
+        room = seq.room(64)   # the most drafts any drafter makes (options: draft_tokens <= 64)
+        draft, q = drafter.draft(seq.tokens, room, seq.sampler, seq.processors, seq.rng) if room else ([], None)
+        pending = seq.feed(draft)
+        if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
+            checkpoint(seq.cache)
+        base = seq.cache[0].offset + len(pending)   # cache positions filled before the first kept token's
+        logits = forward_rows(seq.model, pending + draft, seq.cache, len(draft) + 1)         # (k + 1, V)
+        seq.check_logits(logits)
+        out = verify(logits, draft, q, seq.tokens, seq.sampler, seq.processors, seq.rng)
+        seconds = time.perf_counter() - start
+        drafter.feedback(len(draft), len(out) - 1, out[-1], None if first else seconds, len(pending) + len(draft))
+        truncate(seq.cache, base + len(out) - 1)   # the kept drafts stay; the rejected ones are cut
+        for j, token in enumerate(out):
+            finish = seq.append(token)
+            if finish or j == len(out) - 1:
+                truncate(seq.cache, base + j)   # as plain decoding leaves it: every generated token but this one
+            try:
+                yield Step(token, finish, seconds / len(out), seq.generated == 1, logits[j], None,
+                           forward=j == 0, drafted=len(draft) if j == 0 else 0,
+                           accepted=len(out) - 1 if j == 0 else 0)
+            except GeneratorExit:   # the caller stopped here (a stop string): the cache as after this Step
+                truncate(seq.cache, min(seq.cache[0].offset, base + j))
+                raise
+            if finish:
+                return
+        seq.pending = seq.tokens[seq.cache[0].offset:]   # [out[-1]]; after a recurrent layer's rollback, the kept tokens too
+
+
 def verify(logits: np.ndarray, draft: list[int], q: list[np.ndarray] | None, tokens: list[int],
-           sampler, processors: Sequence[Processor], rng) -> list[int]:
+           sampler, processors: Ids[Processor], rng) -> list[int]:
     """The tokens kept: the accepted prefix of `draft`, then one token of the model's own. logits
     (k + 1, V) at the draft's positions; q the drafter's probabilities (k of (V,)), None when it is
     deterministic; tokens the context before the draft."""
@@ -104,7 +149,7 @@ class Policy:
 
     PROBE_EVERY, PROBE_MAX = 64, 1024   # forwards between probes; twice as many after each that did not pay
     PROBE_SOON = 8   # forwards to the next probe after one that kept at least half its drafts
-    PROBE = 7        # drafts a probe verifies: 8 rows, which cost what 5 do (engine/model.padded_rows)
+    PROBE = 7        # drafts a probe verifies: 8 rows, which cost what 5 do (engine/linear.padded_rows)
 
     def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
         self.max_draft, self.draft_cost = max_draft, draft_cost
@@ -232,14 +277,14 @@ class DraftModel:
         if k == 0:
             return [], None
         start = time.perf_counter()
-        keep = truncate(self.cache, common_prefix(self.cached, tokens[:-1]))   # a recurrent layer: a snapshot, or 0
+        keep = self.model.resume(self.cache, common_prefix(self.cached, tokens[:-1]), len(tokens))   # a snapshot, or 0
         feed, out, q, seconds = tokens[keep:], [], [], []
         caught_up = len(feed) <= self.policy.max_draft + 1   # not behind by an idle stretch
         for _ in range(k):
             began = time.perf_counter()
-            if must_recompute(self.model.config, self.cache[0].offset, len(feed)):
-                truncate(self.cache, 0)
-                feed, caught_up = tokens + out, False
+            offset = self.cache[0].offset
+            if (kept := self.model.resume(self.cache, offset, offset + len(feed))) < offset:   # longrope's switch
+                feed, caught_up = (tokens + out)[kept:], False
             scores = self.model.forward(feed, self.cache, last_only=True)[0][:self.vocab]
             for process in processors:
                 scores = process(scores, tokens + out)
@@ -303,13 +348,3 @@ def check_same_vocabulary(tokenizer, draft_tokenizer, model, draft):
         raise MinigenError(f"{where} has another {wrong}: {specials[wrong][1]!r} there, {specials[wrong][0]!r} here")
     if draft.config.vocab_size < len(mine):
         raise MinigenError(f"{where}'s vocab_size {draft.config.vocab_size} is smaller than its tokenizer's {len(mine)} tokens")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -1,237 +1,50 @@
-"""The prefill/decode loop, stop conditions and timing. Nothing here prints.
+"""The prefill/decode loop, its figures, and text on top. Nothing here prints.
 
-`generate_step` is the loop on ids: one batched forward over the prompt (prefill), then one token
-at a time through the KV cache (decode), yielding a `Step` per token. `Run` puts text on top: the
-streaming detokenizer, stop strings, and the figures the CLI shows.
-
-The context: the cache holds at most `max_context` tokens (default: the checkpoint's
-max_position_embeddings), so every position fed to the model is < max_context. The token produced
-by the forward that fills the cache is still yielded, with finish "context".
+`generate_step` is the loop on ids: one batched forward over the prompt (prefill), then one token at a
+time through the KV cache (decode), yielding a `Step` per token; the rules of each token (what to feed,
+the checks, sampling, when to stop) are the Sequence's (sequence.py). `Run` puts text on top: the
+streaming detokenizer and stop strings (text/stream.py), the figures the CLI shows, and the choice of
+loop (plain, or speculative.decode when a drafter is asked for).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence as Ids
 
-import numpy as np
-
-from ..engine.cache import checkpoint, truncate
-from ..engine.cache import must_recompute
-from ..errors import MinigenError, OptionError, is_int, short
-from .options import Options, check_prompt
-from .sampling import Processor, Sampler, log_softmax, make_repetition_penalty, make_sampler
-from .speculative import forward_rows, make_drafter, verify
+from ..engine.cache import checkpoint
+from ..text.stream import TextStream
+from .options import Options
+from .sequence import Sequence, Step, eos_token_ids, prompt_ids
+from . import speculative
 
 
-FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
-
-
-@dataclass
-class Step:
-    """One generated token. Its log-probs come in two kinds, each named as such, computed only when read:
-    `logprob` / `top_logprobs(k)` are of the distribution the token was drawn from (the repetition
-    penalty, temperature and the top-k/top-p/min-p filters applied, normalised again; greedy's is
-    certain: 0 for its token), `model_logprob` / `model_top_logprobs(k)` of the raw model distribution,
-    log_softmax(logits)."""
-    token: int
-    finish: str | None          # None while going on; "eos" | "length" | "context" on the last step
-    seconds: float              # the forward and the sampling that produced this token
-    prefill: bool               # produced by the prompt's forward
-    logits: np.ndarray          # (V,) the raw logits the token was drawn from
-    attentions: list | None     # per layer (H, T, S) when recorded: prefill T = prompt, decode T = 1
-    forward: bool = True        # the first token of a forward pass (speculative decoding yields several)
-    drafted: int = 0            # on a forward's first token: the drafts that forward verified
-    accepted: int = 0           # ... and how many of them it kept
-    scores: np.ndarray | None = field(default=None, repr=False)   # (V,) the logits after the processors
-    distribution: Callable | None = field(default=None, repr=False)  # scores -> the sampled log-probs
-
-    @cached_property
-    def sampled_logprobs(self) -> np.ndarray:
-        """(V,) log-probs of the distribution that was sampled from (-inf where filtered out)."""
-        if self.distribution is None:  # a sampler of the caller's own, without a `distribution`
-            raise MinigenError("this step's sampler does not say what distribution it drew from "
-                               "(give it a `distribution` attribute, as make_sampler does)")
-        return self.distribution(self.logits if self.scores is None else self.scores)
-
-    @cached_property
-    def model_logprobs(self) -> np.ndarray:
-        """(V,) log_softmax of the raw logits."""
-        return log_softmax(self.logits)
-
-    @property
-    def logprob(self) -> float:
-        return float(self.sampled_logprobs[self.token])
-
-    @property
-    def model_logprob(self) -> float:
-        return float(self.model_logprobs[self.token])
-
-    def top_logprobs(self, k: int) -> list[tuple[int, float]]:
-        """The k most likely (id, log-prob) of the sampled distribution, best first; fewer when fewer
-        tokens survived the filters."""
-        return top_entries(self.sampled_logprobs, k)
-
-    def model_top_logprobs(self, k: int) -> list[tuple[int, float]]:
-        """The k most likely (id, log-prob) of the raw model distribution, best first."""
-        return top_entries(self.model_logprobs, k)
-
-
-def top_entries(logprobs: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The k largest finite entries of logprobs (V,) as (index, value), largest first, ties by index."""
-    k = max(0, min(int(k), len(logprobs)))
-    part = np.argpartition(-logprobs, k - 1)[:k] if 0 < k < len(logprobs) else np.arange(len(logprobs))[:k]
-    order = part[np.lexsort((part, -logprobs[part]))]
-    return [(int(i), float(logprobs[i])) for i in order if np.isfinite(logprobs[i])]
-
-
-def generate_step(model, prompt_ids: Sequence[int], options: Options = Options(),
+def generate_step(model, prompt_ids: Ids[int], options: Options = Options(),
                   cache: list | None = None) -> Iterator[Step]:
     """Yield one Step per generated token until EOS (yielded, finish "eos"; never with ignore_eos),
-    max_tokens or a full cache. The ids are trusted (`check_prompt`, which Run applies); the options'
-    Nones are the checkpoint's (Options.for_model).
+    max_tokens or a full cache. The options' Nones are the checkpoint's (Options.for_model).
 
     `cache`: a KV cache that already holds the first `cache[0].offset` (< len(prompt_ids)) of the
     prompt's ids, from an earlier turn of a conversation; only the rest is computed. It is updated in
     place: after each Step it holds the prompt and every generated token but the last.
     """
-    o = options.for_model(model)
-    tokens = [int(t) for t in prompt_ids]
-    sampler, processors, rng = sampling_pipeline(o)
-    # Room for the prompt and a first stretch of tokens; the cache doubles when full, so a huge
-    # max_tokens or context (10**12 in a config) costs nothing until tokens are actually generated.
-    if cache is None:
-        cache = model.make_cache(min(o.max_context, len(tokens) + min(o.max_tokens, FIRST_ROOM)))
-    eos = frozenset(() if o.ignore_eos else eos_token_ids(model))
-    ids = tokens[cache[0].offset:]
-    if not ids:
-        raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
-    for n in range(1, o.max_tokens + 1):
-        start, record = time.perf_counter(), [] if o.record_attention else None
-        if must_recompute(model.config, cache[0].offset, len(ids)):  # longrope's switch, as transformers
-            truncate(cache, 0)  # in place: a caller's cache stays the one in use
-            ids = tokens
-        logits = model.forward(ids, cache, last_only=True, record=record)[0]   # (V,)
-        if n == 1:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
-            checkpoint(cache)
-        if not np.isfinite(logits).all():  # NaN weights or eps would otherwise sample <unk> forever
-            raise MinigenError(f"step {n}: the model's logits are not finite (NaN or infinity); the "
-                               f"checkpoint's weights or config.json are likely corrupt")
-        scores = logits
-        for process in processors:
-            scores = process(scores, tokens)
-        token = sampler(scores, rng)
-        tokens.append(token)
-        finish = ("eos" if token in eos else "length" if n == o.max_tokens
-                  else "context" if cache[0].offset >= o.max_context else None)
-        yield Step(token, finish, time.perf_counter() - start, n == 1, logits, record, scores=scores,
-                   distribution=getattr(sampler, "distribution", None))
-        if finish:
-            return
-        ids = [token]
+    return decode(Sequence(model, prompt_ids, options, cache))
 
 
-def sampling_pipeline(o: Options) -> tuple[Sampler, list[Processor], "np.random.Generator | None"]:
-    """(sampler, logits processors, rng) for options the model has filled in. Greedy draws nothing, so
-    it needs no rng (and numpy.random, 6 MB, stays unloaded)."""
-    penalty = make_repetition_penalty(o.repeat_penalty, o.repeat_last_n)
-    rng = None if o.temp == 0 else np.random.default_rng(o.seed)
-    return make_sampler(o.temp, o.top_k, o.top_p, o.min_p), [penalty] if penalty else [], rng
-
-
-def speculative_step(model, prompt_ids: Sequence[int], options: Options = Options(), cache: list | None = None,
-                     *, drafter) -> Iterator[Step]:
-    """generate_step's Steps, the same tokens (greedy) or the same distribution (sampling), with
-    `drafter`'s guesses verified several per forward. The cache, as generate_step's, holds after each
-    Step the prompt and every generated token but the last."""
-    o = options.for_model(model)
-    if o.record_attention:
-        raise ValueError("speculative decoding records no attention weights (its forwards hold drafts)")
-    tokens = [int(t) for t in prompt_ids]
-    sampler, processors, rng = sampling_pipeline(o)
-    max_tokens, max_context = o.max_tokens, o.max_context
-    if cache is None:
-        cache = model.make_cache(min(max_context, len(tokens) + min(max_tokens, FIRST_ROOM)))
-    eos, pending = frozenset(() if o.ignore_eos else eos_token_ids(model)), tokens[cache[0].offset:]
-    if not pending:
-        raise ValueError("the cache holds the whole prompt: leave at least its last id to compute")
-    n = 0
+def decode(seq: Sequence) -> Iterator[Step]:
+    """Plain decoding of a Sequence: one forward a token."""
+    if seq.options.max_tokens == 0:
+        return
     while True:
-        start = time.perf_counter()
-        if must_recompute(model.config, cache[0].offset, len(pending)):  # longrope's switch, as generate_step
-            truncate(cache, 0)
-            pending = tokens
-        offset = cache[0].offset
-        room = min(max_tokens - n - 1, max_context - offset - len(pending)) if n else 0  # none on the prompt
-        draft, q = drafter.draft(tokens, room, sampler, processors, rng) if room > 0 else ([], None)
-        while draft and must_recompute(model.config, offset, len(pending) + len(draft)):
-            draft, q = draft[:-1], q and q[:-1]   # never across longrope's switch: its keys would differ
-        if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
-            checkpoint(cache)
-        logits = forward_rows(model, pending + draft, cache, len(draft) + 1)         # (k + 1, V)
-        if not np.isfinite(logits).all():
-            raise MinigenError(f"step {n + 1}: the model's logits are not finite (NaN or infinity); the "
-                               f"checkpoint's weights or config.json are likely corrupt")
-        out = verify(logits, draft, q, tokens, sampler, processors, rng)
-        seconds = time.perf_counter() - start
-        drafter.feedback(len(draft), len(out) - 1, out[-1], seconds if n else None, len(pending) + len(draft))
-        base = offset + len(pending)   # cache positions filled before the first kept token's
-        truncate(cache, base + len(out) - 1)   # the kept drafts stay; the rejected ones are cut
-        for j, token in enumerate(out):
-            n += 1
-            tokens.append(token)
-            finish = ("eos" if token in eos else "length" if n == max_tokens
-                      else "context" if base + j >= max_context else None)
-            if finish or j == len(out) - 1:
-                truncate(cache, base + j)   # as generate_step leaves it: every generated token but this one
-            try:
-                yield Step(token, finish, seconds / len(out), n == 1, logits[j], None,
-                           forward=j == 0, drafted=len(draft) if j == 0 else 0,
-                           accepted=len(out) - 1 if j == 0 else 0)
-            except GeneratorExit:   # the caller stopped here (a stop string): the cache as after this Step
-                truncate(cache, min(cache[0].offset, base + j))
-                raise
-            if finish:
-                return
-        pending = tokens[cache[0].offset:]   # [out[-1]]; after a recurrent layer's rollback, the kept tokens too
-
-
-def eos_token_ids(model) -> list[int]:
-    """EOS ids from generation_config.json (an int or a list) and config.json, in that order."""
-    gc = model.generation_config.get("eos_token_id")
-    ids = gc if isinstance(gc, list) else [] if gc is None else [gc]
-    return list(dict.fromkeys([int(i) for i in ids] + [int(i) for i in model.config.eos_token_ids]))
-
-
-def prompt_ids(tokenizer, prompt: str | Sequence[int], chat: bool = False, system: str | None = None) -> list[int]:
-    """Ids to start from: ids as given; text encoded with the tokenizer's special tokens (BOS); or, for
-    chat, the chat template rendered (see chat_ids)."""
-    if not isinstance(prompt, str):
-        return token_ids(prompt)
-    if not (chat or system is not None):
-        return tokenizer.encode(prompt)
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-               [{"role": "user", "content": prompt}]
-    return chat_ids(tokenizer, messages)
-
-
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """A conversation through the chat template with the generation prompt, encoded without adding
-    special tokens, as transformers' apply_chat_template does (the template writes BOS itself)."""
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
-                            add_special_tokens=False)
-
-
-def token_ids(prompt) -> list[int]:
-    """A prompt given as ids: a sequence of integers (Python or NumPy), nothing else."""
-    if isinstance(prompt, (str, bytes, bytearray, dict)) or not hasattr(prompt, "__iter__"):
-        raise OptionError("prompt", f"should be a string or a list of token ids, got {short(prompt, 40)}")
-    ids = list(prompt)
-    bad = next((i for i in ids if not is_int(i)), None)
-    if bad is not None:
-        raise OptionError("prompt", f"token ids should be integers, got {short(bad, 40)}")
-    return [int(i) for i in ids]
+        start, record = time.perf_counter(), [] if seq.options.record_attention else None
+        logits = seq.model.forward(seq.feed(), seq.cache, last_only=True, record=record)[0]   # (V,)
+        if not seq.generated:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
+            checkpoint(seq.cache)
+        step = seq.step(logits, attentions=record)
+        step.seconds = time.perf_counter() - start
+        yield step
+        if step.finish:
+            return
 
 
 @dataclass
@@ -269,7 +82,8 @@ class Run:
 
     `on_step` callbacks see every Step (ids, logits, attention weights when recorded) before its text.
     `cache`: a KV cache already holding the start of the prompt (see generate_step); the stats then
-    count only the prompt tokens computed.
+    count only the prompt tokens computed. The Run's Sequence (`sequence`) is what a loop drives:
+    `steps()` here, or a Batch it is added to (batch.py), whose Steps come back through `take`.
     """
     model: object
     tokenizer: object
@@ -279,29 +93,32 @@ class Run:
     cache: list | None = None
 
     def __post_init__(self):
-        self.options = self.options.for_model(self.model)
-        check_prompt(self.prompt, self.model, self.options.max_context)
-        self.stats = Stats(prompt_tokens=len(self.prompt) - (self.cache[0].offset if self.cache is not None else 0))
+        if self.options.constraint is not None:   # llguidance's tokenizer for this one (made once per tokenizer)
+            self.options = replace(self.options, constraint=self.options.constraint.bind(
+                self.tokenizer, self.model.config.vocab_size, eos_token_ids(self.model)))
+        self.sequence = Sequence(self.model, self.prompt, self.options, self.cache)   # checks the prompt
+        self.options = self.sequence.options
+        self.stats = Stats(prompt_tokens=len(self.prompt) - self.sequence.cached)
         self.tokens: list[int] = []      # generated ids, a final EOS excluded
-        self.drafter = make_drafter(self.model, self.tokenizer, self.options)
-        self._detok, self._pending, self.stopped = None, "", False
-        self._stops = tuple(s for s in self.options.stop if s)
+        self.drafter = speculative.make_drafter(self.model, self.tokenizer, self.options)
+        self.text_out = TextStream(self.tokenizer, self.options.stop)
 
     @classmethod
-    def from_prompt(cls, model, tokenizer, prompt: str | Sequence[int], chat: bool = False,
+    def from_prompt(cls, model, tokenizer, prompt: str | Ids[int], chat: bool = False,
                     system: str | None = None, cache: list | None = None, **options) -> "Run":
         """A Run from a prompt (text, or ids) and keyword options named like Options' fields."""
-        if not isinstance(chat, bool):
-            raise OptionError("chat", f"should be true or false, got {short(chat, 40)}")
-        if not (system is None or isinstance(system, str)):
-            raise OptionError("system", f"should be a string, got {short(system, 40)}")
-        settings = Options.of(**options)
-        return cls(model, tokenizer, prompt_ids(tokenizer, prompt, chat, system), settings, cache=cache)
+        ids = prompt_ids(tokenizer, prompt, chat, system)
+        return cls(model, tokenizer, ids, Options.of(**options), cache=cache)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was reached: no more text comes."""
+        return self.text_out.stopped
 
     def steps(self) -> Iterator[Step]:
         if self.drafter is None:
-            return generate_step(self.model, self.prompt, self.options, self.cache)
-        return speculative_step(self.model, self.prompt, self.options, self.cache, drafter=self.drafter)
+            return decode(self.sequence)
+        return speculative.decode(self.sequence, self.drafter)
 
     def pieces(self) -> Iterator[str]:
         for step in self.steps():
@@ -317,26 +134,22 @@ class Run:
     def take(self, step: Step) -> str:
         """One Step in, as pieces() takes them or a Batch hands them out: the text it completes. After
         a stop string (`stopped`) or a Step with a finish, `flush()` gives what was held back."""
-        if self._detok is None:
-            self._detok = self.tokenizer.streamer()
         self._count(step)
         for callback in self.on_step:
             callback(step)
         if step.finish == "eos":
             return ""  # the EOS that ends generation is not text
         self.tokens.append(step.token)
-        text, self._pending, self.stopped = split_at_stop(self._pending + self._detok.add(step.token), self._stops)
+        text = self.text_out.add(step.token)
         if self.stopped:
             self.stats.finish = "stop"
         return text
 
     def flush(self) -> str:
         """The text held back (an incomplete character, a possible stop string's start) at the end."""
-        if self.stopped or self._detok is None:
-            return ""
-        text, self._pending, stopped = split_at_stop(self._pending + self._detok.flush(), self._stops, final=True)
-        if stopped:
-            self.stats.finish, self.stopped = "stop", True
+        text = self.text_out.flush()
+        if self.stopped:
+            self.stats.finish = "stop"
         return text
 
     def text(self) -> str:
@@ -355,24 +168,14 @@ class Run:
         st.accepted += step.accepted
 
 
-def split_at_stop(text: str, stops: Sequence[str], final: bool = False) -> tuple[str, str, bool]:
-    """(safe to show, held back, stopped): cut at the first stop string; hold back a tail that could
-    still become one (a stop string can span tokens); at the end (`final`) nothing is held back."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    if hits:
-        return text[:min(hits)], "", True
-    if final:
-        return text, "", False
-    hold = max((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1)
-                if text.endswith(s[:n])), default=0)
-    return text[:len(text) - hold], text[len(text) - hold:], False
+def generate(model, tokenizer, prompt: str | Ids[int], *, chat: bool = False, system: str | None = None,
+             **options) -> str:
+    """The generated text (the prompt not included). `chat`: the prompt through the chat template (with
+    `system` as its system message); `options`: Options' fields (max_tokens, temp, ..., stop)."""
+    return Run.from_prompt(model, tokenizer, prompt, chat, system, **options).text()
 
 
-def generate(model, tokenizer, prompt: str | Sequence[int], **options) -> str:
-    """The generated text (the prompt not included)."""
-    return Run.from_prompt(model, tokenizer, prompt, **options).text()
-
-
-def stream(model, tokenizer, prompt: str | Sequence[int], **options) -> Iterator[str]:
-    """The generated text in pieces, as it is produced (bad options raise here, not at the first piece)."""
-    return Run.from_prompt(model, tokenizer, prompt, **options).pieces()
+def stream(model, tokenizer, prompt: str | Ids[int], *, chat: bool = False, system: str | None = None,
+           **options) -> Iterator[str]:
+    """`generate`'s text in pieces, as it is produced (bad options raise here, not at the first piece)."""
+    return Run.from_prompt(model, tokenizer, prompt, chat, system, **options).pieces()

@@ -1,5 +1,5 @@
 """A GGUF file -> a Hugging Face directory: typed reads of its metadata and the fields every family has
-(arch.py; what is particular to a family is its entry in checkpoint/families.py), the vocabulary rebuilt
+(arch.py; what is particular to a family, what llama.cpp made of it, is its entry in families.py), the vocabulary rebuilt
 as a `tokenizers` file (vocab.py), the streaming converter (convert.py), and a GGUF converted once into
 the weights directory, the default model included (cache.py, default_model.py).
 

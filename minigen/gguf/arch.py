@@ -1,11 +1,11 @@
-"""Reading a GGUF's metadata back into config.json, for every family whose entry in minigen/checkpoint/families.py
-says how llama.cpp wrote it (`Family.gguf`: the architecture name, the family's own fields, the tensor fixes).
+"""Reading a GGUF's metadata back into config.json, for every family whose entry in gguf/families.py says how
+llama.cpp wrote it (`Gguf`: the architecture name, the family's own fields, the tensor fixes).
 Here: typed reads of the metadata (`Meta`), the fields every family has (sizes, heads, context, vocabulary,
 tying, RoPE base and scaling, with llama.cpp's own defaults where a key is optional, since those are what the
 file means to the program that made it), Llama 3's rope_freqs and Phi-3's longrope factors turned back into
 config fields, and the GGUF name of each of the family's tensors (from the `gguf` package's own table).
 
-Nothing here names a family: adding one, GGUF mapping included, is one entry in families.py.
+Nothing here names a family: adding one is an entry in checkpoint/families.py and one in gguf/families.py.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..checkpoint.families import FAMILIES
+from .families import GGUF
 from ..errors import MinigenError, is_int, is_number, short
 
 _MAX_DIM = 2**31 - 1  # ggml's dims are int64, but nothing real is near this; larger means a damaged file
@@ -69,7 +70,7 @@ class Meta:
         """attention.head_count_kv for each layer: one value, or a per-layer list (0 on a recurrent layer, for a
         family whose entry says so: LFM2, Granite 4.0-H)."""
         value, n = self.raw.get(f"{self.arch}.attention.head_count_kv"), self.layers()
-        if not isinstance(value, list) or not family_of(self.arch).gguf.recurrent:  # a list: refused by name
+        if not isinstance(value, list) or not gguf_of(self.arch).recurrent:  # a list: refused by name
             return [self.int("attention.head_count_kv", default=self.int("attention.head_count"))] * n
         if len(value) < n or not all(is_int(v) and 0 <= v <= _MAX_DIM for v in value):
             self.fail("attention.head_count_kv", f"should list a head count for each of the {n} layers")
@@ -101,7 +102,7 @@ class Meta:
     def rope_scaling(self) -> dict | None:
         """rope.scaling.* as HF's rope_scaling (linear_rope), for a family reader that places it itself
         (OLMo 3: on its full layers only)."""
-        return linear_rope(self, family_of(self.arch).gguf)
+        return linear_rope(self, gguf_of(self.arch))
 
 
 class Tensors:
@@ -269,18 +270,24 @@ def longrope(short: np.ndarray, long: np.ndarray, m: Meta, pairs: int) -> dict:
 
 # --- the families, by GGUF architecture ---------------------------------------------------------------------
 
-ARCHS = {f.gguf.arch: name for name, f in FAMILIES.items() if f.gguf}  # "gemma3" -> "gemma3_text"
-assert len(ARCHS) == sum(1 for f in FAMILIES.values() if f.gguf), "two families claim one GGUF architecture"
+ARCHS = {g.arch: name for name, g in GGUF.items()}  # "gemma3" -> "gemma3_text"
+assert len(ARCHS) == len(GGUF), "two families claim one GGUF architecture"
+assert set(GGUF) <= set(FAMILIES), "a GGUF entry for a family minigen does not have"
 
 
 def family_of(arch_name: str):
-    """The family entry a GGUF architecture converts to."""
+    """The family (checkpoint/families.py) llama.cpp's architecture `arch_name` is written from."""
     return FAMILIES[ARCHS[arch_name]]
+
+
+def gguf_of(arch_name: str):
+    """How llama.cpp writes that family (gguf/families.py)."""
+    return GGUF[ARCHS[arch_name]]
 
 
 def family_config(arch_name: str, m: Meta, t: Tensors) -> dict:
     """config.json (HF field names, the spelling both transformers 4.x and 5.x read) for this GGUF."""
-    arch = family_of(arch_name).gguf
+    arch = gguf_of(arch_name)
     cfg = {"architectures": [arch.hf_class], "model_type": ARCHS[arch_name], **common(m, t, arch)}
     cfg.update(arch.config(m, t))
     rope_dims = cfg.pop("_rope_dims")
@@ -302,7 +309,7 @@ def tensor_names(arch_name: str, family, n_layers: int) -> dict[str, tuple[str, 
     import gguf
 
     tmap = gguf.get_tensor_name_map(_gguf_arch(arch_name), n_layers)
-    own = family.gguf.tensors if family.gguf else {}
+    own = gguf_of(arch_name).tensors
     names = {}
     for key, templates in family.tensors.items():
         for template in templates if isinstance(templates, tuple) else (templates,):
@@ -340,12 +347,12 @@ def kind(gguf_name: str) -> str:
     return ".".join(parts[:-1]) if parts[-1] in ("weight", "bias") else ".".join(parts)
 
 
-# --- the fixes: FIXES in families.py -------------------------------------------------------------------------
+# --- the fixes: checkpoint/fixes.FIXES ---------------------------------------------------------------------------
 
-def fix_of(family, gguf_name: str) -> str | None:
-    """The FIXES name the family's entry gives this GGUF tensor: by its name without "blk.N."
+def fix_of(arch_name: str, gguf_name: str) -> str | None:
+    """The FIXES name the architecture's entry gives this GGUF tensor: by its name without "blk.N."
     ("ssm_conv1d.weight"), else by its kind ("attn_q": weight and bias alike)."""
-    fixes = family.gguf.fixes
+    fixes = gguf_of(arch_name).fixes
     return fixes.get(local(gguf_name)) or fixes.get(kind(gguf_name))
 
 

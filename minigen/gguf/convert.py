@@ -1,6 +1,6 @@
 """GGUF -> a Hugging Face checkpoint directory (config, safetensors, tokenizer) that minigen and transformers load.
 
-Every GGUF architecture whose family minigen runs (each family's `gguf` entry in checkpoint/families.py: llama,
+Every GGUF architecture whose family minigen runs (each family's entry in gguf/families.py: llama,
 qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2, olmo2 (OLMo 2 and 3), gptneox, smollm3, granite, granitemoe,
 mistral3, and the hybrids qwen35, lfm2, granitehybrid, falcon-h1), every tensor type the `gguf` package dequantises. The steps:
   1. read the metadata and the tensor directory, and check everything before writing anything: the architecture,
@@ -27,7 +27,8 @@ import numpy as np
 
 from . import arch as archs
 from ..checkpoint.config import parse_config
-from ..checkpoint.families import FAMILIES, FIXES
+from ..checkpoint.families import FAMILIES
+from ..checkpoint.fixes import FIXES
 from ..checkpoint.weights import TensorRef, resolve
 from ..errors import MinigenError, first_line, is_int, short
 from ..files import atomic_dir, open_regular
@@ -58,7 +59,7 @@ class _Tensor:
     offset: int         # absolute byte offset in the GGUF file
     row_bytes: int
     shape: tuple        # HF shape
-    fix: str | None = None     # a families.FIXES name, on the whole tensor
+    fix: str | None = None     # a fixes.FIXES name, on the whole tensor
     offset_norm: float = 0.0   # subtracted (Gemma's 1 + w norms)
     up: "_Tensor | None" = None  # the second of two tensors llama.cpp split this one into, written after it
     #                            (per expert: GraniteMoE's ffn_gate_exps + ffn_up_exps; Granite 4.0-H's
@@ -338,7 +339,7 @@ def _map_tensors(arch: str, infos: dict, n_layers: int, source: Path) -> tuple[l
         if hf is None:
             raise MinigenError(f"{source}: tensor {info.name} has no Hugging Face {archs.ARCHS[arch]} equivalent; "
                                f"cannot convert")
-        fix = archs.fix_of(family, info.name)
+        fix = archs.fix_of(arch, info.name)
         if fix == "conv1d" and len(info.dims) == 1:
             fix = None  # GPT-2's biases are not transposed
         shape = archs.fixed_shape(fix, (cols,) if len(info.dims) == 1 else (rows, cols))
@@ -456,7 +457,7 @@ def _rope_from_tensors(arch: str, config: dict, m: archs.Meta, extras: dict) -> 
     entry says llama.cpp writes them (`Gguf.rope_factors`); such a tensor in another family's file is refused."""
     head_dim = config.get("head_dim")
     rope_dims = int(round(head_dim * config.get("partial_rotary_factor", 1.0))) if head_dim else 0
-    kind = archs.family_of(arch).gguf.rope_factors
+    kind = archs.gguf_of(arch).rope_factors
     if "rope_freqs.weight" in extras and kind == "llama3":
         factors = _read_vector(m.source, *extras.pop("rope_freqs.weight"))
         if config.get("rope_scaling"):

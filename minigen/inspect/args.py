@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from ..engine.mixers import has_attention
 from ..errors import MinigenError, ranges
 
 
@@ -80,13 +81,13 @@ def layer_head(cfg, layer: int, head: int):
 
 def attention_layers(cfg) -> list[int]:
     """The layers that have attention (all, but in hybrids: Qwen3.5, LFM2, Granite 4.0-H)."""
-    return [i for i in range(cfg.n_layers) if cfg.has_attention(i)]
+    return [i for i in range(cfg.n_layers) if has_attention(cfg, i)]
 
 
 def attention_layer(cfg, layer: int, flag: str) -> int:
     """A layer that has heads; in hybrids a Gated DeltaNet, short conv or Mamba2 layer has none (its
     whole output is the component "attn" of that layer)."""
-    if not cfg.has_attention(layer):
+    if not has_attention(cfg, layer):
         raise MinigenError(f"{flag}: layer {layer} has no attention (its token mixer is {cfg.mixer(layer)}); "
                            f"the layers with attention are {ranges(attention_layers(cfg))}")
     return layer

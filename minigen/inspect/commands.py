@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.mixers import has_attention
 from ..errors import MinigenError
 from . import effects, experts, lens
 from .args import expert_items, head_items, layer_head, position, selection, vocab_token
@@ -107,7 +108,7 @@ def dla(model, tok, ids, token: str | None, target: str | None, vs: str | None) 
 
 def trace(model, tok, ids, layer: int, head: int, token: str | None, keys: int) -> dict:
     cfg = model.config
-    if 0 <= layer < cfg.n_layers and not cfg.has_attention(layer):   # a recurrent layer: one token's step
+    if 0 <= layer < cfg.n_layers and not has_attention(cfg, layer):   # a recurrent layer: one token's step
         i = position(tok.token_strings(ids), token)
         return {**trace_recurrent(model, tok, ids, layer, head, i), "query": position_json(tok.token_strings(ids), i)}
     layer_head(model.config, layer, head)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.mixers import has_attention
 from ..engine import model as M
 from ..errors import MinigenError
 from ..generation.sampling import log_softmax
@@ -53,7 +54,7 @@ class Component:
 def every(kind: str, cfg) -> list[Component]:
     """Every component of a kind, in layer (then head) order: what a sweep goes through."""
     if kind == "heads":
-        return [Component("head", l, h) for l in range(cfg.n_layers) if cfg.has_attention(l) for h in range(cfg.n_heads)]
+        return [Component("head", l, h) for l in range(cfg.n_layers) if has_attention(cfg, l) for h in range(cfg.n_heads)]
     if kind == "experts":
         return [Component("expert", l, e) for l in range(cfg.n_layers) for e in range(cfg.n_experts)]
     return [Component(kind, l) for l in range(cfg.n_layers)]
@@ -181,7 +182,7 @@ def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str =
                                                         answer, wrong)
     if what == "heads":
         grid = [[measure(l, xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)]
-                if cfg.has_attention(l) else [float("nan")] * cfg.n_heads   # a layer without heads (hybrids)
+                if has_attention(cfg, l) else [float("nan")] * cfg.n_heads   # a layer without heads (hybrids)
                 for l in range(cfg.n_layers)]
     else:
         grid = [[_patch_position(what, l, q, p, (xc, clean), (xr, corrupt), measure, ld_corrupt) for q in range(T)]

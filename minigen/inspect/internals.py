@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine import model as M
+from ..engine import mixers, model as M
+from ..engine.linear import linear
 from ..engine.attention import attend, causal_mask
 from ..errors import MinigenError
 from ..engine.layers import apply_rope
@@ -88,8 +89,8 @@ def _qk_norm(model, layer: int, head: int, x: np.ndarray):
     if cfg.qk_norm is None:
         return None
     H, KV, d, kv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, head // cfg.group
-    qkv = M.linear(x, p["wqkv"], p.get("bqkv"))                              # (T, (H + 2 KV) d)
-    qk = M.qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(len(x), H + KV, d)  # (T, H + KV, d)
+    qkv = linear(x, p["wqkv"], p.get("bqkv"))                              # (T, (H + 2 KV) d)
+    qk = mixers.qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(len(x), H + KV, d)  # (T, H + KV, d)
     return lambda q, k: (qk[:, head], qk[:, H + kv])
 
 
@@ -97,13 +98,12 @@ def _model_head_output(model, x, p, rope, mask, layer, head) -> dict:
     """The head's output as the model computes it: model.qkv_heads, then attend() over the GQA shapes."""
     cfg = model.config
     T, H, KV, G, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
-    q, k, v = (a.transpose(1, 0, 2) for a in M.qkv_heads(x, rope, p, cfg))  # (H, T, d), (KV, T, d) x2
+    q, k, v = (a.transpose(1, 0, 2) for a in mixers.qkv_heads(x, rope, p, cfg))  # (H, T, d), (KV, T, d) x2
     out, weights = attend(q.reshape(KV, G * T, d), k, v, np.tile(mask, (G, 1)), cfg.attn_scale, cfg.attn_softcap)
     out = out.reshape(H, T, d)                                               # (H, T, d)
     # the same heads through o_proj must give the model's attention block output
-    seqs = M.stack([np.zeros(T, np.int64)], [model.make_cache(T)])
-    block = M.attention(x, p, cfg, layer, seqs, rope)
-    block_err = float(np.abs(M.linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
+    block = mixers.attention(x, p, cfg, mixers.Pass(layer, (slice(0, T),), (mixers.kv_cache(cfg, T),), rope))
+    block_err = float(np.abs(linear(out.transpose(1, 0, 2).reshape(T, H * d), p["wo"], p.get("bo")) - block).max())
     return {"out": out[head], "weights": weights.reshape(H, T, T)[head], "block_err": block_err}
 
 
@@ -122,7 +122,7 @@ def value_norms(model, ids) -> np.ndarray:
     for l in range(cfg.n_layers):
         p = params["layers"][l]
         x = M.norm(x_in[l], p, cfg, "attn_norm") if cfg.pre_norms else x_in[l]
-        v = M.qkv_heads(x, None, p, cfg)[2].transpose(1, 0, 2)              # (KV, T, d); RoPE leaves v alone
+        v = mixers.qkv_heads(x, None, p, cfg)[2].transpose(1, 0, 2)              # (KV, T, d); RoPE leaves v alone
         sent = np.einsum("htd,Dhd->htD", v[kv], p["wo"].reshape(-1, H, d))  # (H, T, D)
         out.append(np.linalg.norm(sent, axis=-1))
     return np.stack(out).astype(np.float32)

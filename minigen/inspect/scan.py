@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine import model as M
+from ..engine.hooks import Hooks
+from ..engine.mixers import has_attention
 from ..engine.attention import STREAM_ROWS, causal_weights
 
 TILE = 1 << 20   # weights per tile of a dump's maps (4 MB of float32): its passes stay in cache, and there are few tiles
@@ -143,7 +144,7 @@ class Kept:
         return sum(a.nbytes for part in (self.q, self.k, self.v) for a in part.values())
 
 
-class Tap(M.Hooks):
+class Tap(Hooks):
     """What a scan passes to model.forward: as its `record`, it takes each attention block's weights as the
     forward makes them (`block`, the record protocol of model.attend_cached) and turns those of the kept
     layers and heads into Tiles for the consumers; as its hooks, it sees each layer's q, k and v first
@@ -227,7 +228,7 @@ def scan_maps(maps: dict[int, np.ndarray], plain: list, view: list = (), norms: 
 def forward_bytes(cfg, T: int) -> int:
     """A rough upper bound of the bytes a forward over T tokens holds beyond the weights: the KV cache of
     every attention layer, and the activations of one layer (the MLP's, the projections, the residual)."""
-    kv = sum(cfg.has_attention(i) for i in range(cfg.n_layers)) * 2 * cfg.n_kv_heads * cfg.head_dim * T * 4
+    kv = sum(has_attention(cfg, i) for i in range(cfg.n_layers)) * 2 * cfg.n_kv_heads * cfg.head_dim * T * 4
     width = 8 * cfg.hidden_size + 3 * cfg.intermediate_size + 4 * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
     return kv + T * width * 4
 

@@ -6,6 +6,7 @@
                   (`add` / `step` / `cancel`), the prefix cache of KV caches
     prefix.py     KV caches of token-id prefixes seen before, within a memory budget
     http.py       the routes on the standard library's ThreadingHTTPServer: parse, call, reply
+    tools.py      tool calls: each template family's call syntax, the grammar of tool_choice, the reply parsed
 
 May import: generation, engine, text, errors, files. Nothing here prints: the CLI gives a `log` callback.
 """

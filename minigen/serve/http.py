@@ -26,7 +26,9 @@ from ..files import MiB
 from . import api
 from .output import ClientGone, JobFailed, Locked, Output
 from .prefix import PrefixCache
-from .scheduler import Batched, ForkGate, Job, QueueFull, Scheduler, Stopping
+from ..generation.batch import Batch
+from .scheduler import ForkGate, Job, QueueFull, Scheduler, Stopping
+from .tools import Calls
 
 MAX_BODY = 8 * MiB        # bytes of request body (a prompt of a long context as ids is well under 1 MiB)
 IO_TIMEOUT = 60.0         # seconds a client may take to send its request or read a write
@@ -50,11 +52,11 @@ class App:
 
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
           api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
-    """The App of one model, its scheduler started: `batch` defaults to the batch step (Batched)."""
+    """The App of one model, its scheduler started: `batch` defaults to a new Batch of the model."""
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(batch or Batched(model, tokenizer), max_batch, max_queue, prefix, gate)
+    scheduler = Scheduler(Batch(model) if batch is None else batch, max_batch, max_queue, prefix, gate)
     scheduler.start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 
@@ -129,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def generate(self, kind: str):
         a = self.app
-        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.context, a.model.config.vocab_size)
+        req = api.parse(kind, self._body(), a.name, a.tokenizer, a.model)
         job = Job(req.ids, req.options)
         try:
             a.scheduler.submit(job)
@@ -158,8 +160,13 @@ class Handler(BaseHTTPRequestHandler):
                     entries += got
         except JobFailed as e:
             raise api.ApiError(e.status, str(e), kind="server_error") from None
-        self._json(200, api.reply(req, "".join(text), out.finish, entries,
-                                  api.usage(len(req.ids), out.tokens, out.job.cached_tokens)))
+        text, called = "".join(text), None
+        if req.syntax is not None:   # the calls out of the text; what is left is the content
+            calls = Calls(req.syntax)
+            text = "".join(e[1] for e in calls.add(text) + calls.end() if e[0] == "text")
+            called = [tuple(c) for c in calls.calls]
+        self._json(200, api.reply(req, text, out.finish, entries,
+                                  api.usage(len(req.ids), out.tokens, out.job.cached_tokens), called))
 
     def _stream(self, req: api.Request, out: Output):
         self.send_response(200)
@@ -169,16 +176,33 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if req.kind == "chat":
             self._event(api.chunk(req, None, role=True))
+        calls = Calls(req.syntax) if req.syntax is not None else None
+        held = [] if req.logprobs is not None else None   # log-prob entries of text the calls parser holds back
         try:
             for piece, entries in out.pieces():
-                self._event(api.chunk(req, piece, entries))
-            self._event(api.chunk(req, None if req.kind == "chat" else "", finish=out.finish))
+                if calls is None:
+                    self._event(api.chunk(req, piece, entries))
+                    continue
+                held = self._tool_events(req, calls.add(piece), None if held is None else held + entries)
+            if calls is not None:
+                held = self._tool_events(req, calls.end(), held)
+            self._event(api.chunk(req, None if req.kind == "chat" else "", held or None, finish=out.finish,
+                                  called=bool(calls and calls.calls)))
             if req.include_usage:
                 self._event(api.usage_chunk(req, api.usage(len(req.ids), out.tokens, out.job.cached_tokens)))
         except JobFailed as e:  # the headers are gone: the error is an event, as vLLM sends it
             self._event(api.ApiError(e.status, str(e), kind="server_error").body())
         self._write_chunk(b"data: [DONE]\n\n")
         self._write_chunk(b"")
+
+    def _tool_events(self, req: api.Request, events: list, held: list | None) -> list | None:
+        """tools.Calls events as chunks: content, or a tool call's deltas; the log-prob entries held go with
+        the first chunk. Returns what is still held."""
+        for event in events:
+            call = api.tool_delta(event) if event[0] != "text" else None
+            self._event(api.chunk(req, event[1] if call is None else None, held, call=call))
+            held = None if held is None else []
+        return held
 
     # --- the wire ------------------------------------------------------------------------------------
 

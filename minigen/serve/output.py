@@ -9,8 +9,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from ..generation.steps import split_at_stop
-from ..text.tokenizer import StreamingDetokenizer
+from ..text.stream import TextStream
 from .api import Request, logprob_entry
 from .scheduler import Failed, ForkGate, Job
 
@@ -38,8 +37,7 @@ class Output:
         self.first_token: float | None = None
 
     def pieces(self) -> Iterator[tuple[str, list | None]]:
-        detok, pending, stops = StreamingDetokenizer(self.tokenizer), "", self.req.options.stop
-        want = self.req.logprobs
+        text_out, want = TextStream(self.tokenizer, self.req.options.stop), self.req.logprobs
         entries = [] if want is not None else None
         while self.finish is None:
             step = self._next()
@@ -50,17 +48,17 @@ class Output:
                 break
             if entries is not None:
                 entries.append(logprob_entry(self.tokenizer, step.logits, step.token, want))
-            text, pending, stopped = split_at_stop(pending + detok.add(step.token), stops)
+            text = text_out.add(step.token)
             if text:
                 yield text, entries
                 entries = [] if want is not None else None
-            if stopped:
+            if text_out.stopped:
                 self.finish = "stop"
                 self.job.cancel()
                 return
             self.finish = step.finish
-        text, _, stopped = split_at_stop(pending + detok.flush(), stops, final=True)
-        if stopped:
+        text = text_out.flush()
+        if text_out.stopped:
             self.finish = "stop"
         if text or entries:
             yield text, entries

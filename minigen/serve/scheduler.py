@@ -1,31 +1,26 @@
 """One thread owns the model and runs the batch step in a loop: continuous batching.
 
 Requests (Jobs) wait in a bounded queue; before every step, waiting jobs join the running batch
-while it has fewer than `max_batch` sequences, each starting from the prefix cache's longest match;
-a step advances every running sequence by one token, and each Step goes to its job's event queue,
-which the HTTP thread serving it reads. A sequence leaves the batch when it finishes (its cache then
-goes to the prefix cache), when its client goes away or it hits a stop string (`Job.cancel`), or when
-its own step fails: one sequence's exception ends that request only.
-
-The step is reached through a narrow interface, the `BatchStep` protocol: `add(ids, options, cache) ->
-handle`, `step() -> {handle: Step | Exception}`, `cancel(handle)`, `release(handle) -> (ids, cache)`.
-`Batched` is generation/batch.py's Batch; `OneAtATime` runs each sequence through generate_step, one
-token per call in turn (each sequence's failure its own: the tests use it to inject one).
+while it has fewer than `max_batch` sequences, each a Sequence (generation/sequence.py) starting from
+the prefix cache's longest match; a step (generation/batch.Batch) advances every running sequence by one
+token, and each Step goes to its job's event queue, which the HTTP thread serving it reads. A sequence
+leaves the batch when it finishes (its cache then goes to the prefix cache), when its client goes away or
+it hits a stop string (`Job.cancel`), or when its own step fails (the batch gives that sequence's
+exception in place of its Step): one sequence's failure ends that request only.
 """
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Protocol, Sequence
+from typing import Sequence as Ids
 
 from ..errors import MinigenError
 from ..generation.batch import Batch
 from ..generation.options import Options
-from ..generation.steps import FIRST_ROOM, Run
+from ..generation.sequence import FIRST_ROOM, Sequence
 from .prefix import PrefixCache
 
 
@@ -47,11 +42,12 @@ class Failed:
 class Job:
     """One request's generation: the scheduler puts Steps (then, if it ends early, a Failed) on `events`."""
 
-    def __init__(self, ids: Sequence[int], options: Options):
+    def __init__(self, ids: Ids[int], options: Options):
         self.ids, self.options = list(ids), options
         self.events: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.cached_tokens = 0          # prompt tokens the prefix cache supplied
+        self.sequence: Sequence | None = None   # its generation, once it joins the batch
         self.submitted = time.monotonic()
 
     def cancel(self):
@@ -82,85 +78,8 @@ class ForkGate:
             yield
 
 
-class BatchStep(Protocol):
-    def add(self, ids: list[int], options: Options, cache: list | None) -> int: ...
-    def step(self) -> dict: ...
-    def cancel(self, handle: int) -> None: ...
-    def release(self, handle: int) -> tuple[list[int], list]: ...
-
-
-def new_cache(model, ids: Sequence[int], options: Options) -> list:
-    """A KV cache for `ids` and a first stretch of tokens, as generate_step makes one: kept here, so the
-    sequence's cache can go to the prefix cache when it finishes."""
-    o = options.for_model(model)
-    return model.make_cache(min(o.max_context, len(ids) + min(o.max_tokens, FIRST_ROOM)))
-
-
-class OneAtATime:
-    """The stand-in batch: each sequence is generate_step's generator; a step takes one token of each."""
-
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
-        self.seqs: dict[int, tuple] = {}         # handle -> (steps, ids fed so far, cache)
-        self.handles = itertools.count()
-
-    def add(self, ids: list[int], options: Options, cache: list | None) -> int:
-        cache = cache if cache is not None else new_cache(self.model, ids, options)
-        run = Run(self.model, self.tokenizer, ids, options, cache=cache)   # checks the prompt
-        handle = next(self.handles)
-        self.seqs[handle] = (run.steps(), list(ids), cache)
-        return handle
-
-    def step(self) -> dict:
-        out = {}
-        for handle, (steps, fed, _) in list(self.seqs.items()):
-            try:
-                out[handle] = step = next(steps)
-                fed.append(step.token)
-            except Exception as e:  # noqa: BLE001 (a sequence's failure is its request's, reported there)
-                out[handle] = e
-        return out
-
-    def cancel(self, handle: int):
-        steps, _, _ = self.seqs.pop(handle)
-        steps.close()
-
-    def release(self, handle: int) -> tuple[list[int], list]:
-        """A finished sequence's ids and cache (holding all its ids but the last)."""
-        _, fed, cache = self.seqs.pop(handle)
-        return fed, cache
-
-
-class Batched:
-    """The batch step (generation/batch.py): every running sequence's new rows in one forward over the
-    weights. Its sequences' ids and caches are kept here for the prefix cache."""
-
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer, self.batch = model, tokenizer, Batch(model)
-        self.fed: dict[int, tuple[list[int], list]] = {}
-
-    def add(self, ids: list[int], options: Options, cache: list | None) -> int:
-        cache = cache if cache is not None else new_cache(self.model, ids, options)
-        handle = self.batch.add(ids, options, cache)   # checks the prompt (options.check_prompt)
-        self.fed[handle] = (list(ids), cache)
-        return handle
-
-    def step(self) -> dict:
-        out = self.batch.step()
-        for handle, step in out.items():
-            self.fed[handle][0].append(step.token)
-        return out
-
-    def cancel(self, handle: int):
-        self.batch.cancel(handle)
-        self.fed.pop(handle, None)
-
-    def release(self, handle: int) -> tuple[list[int], list]:
-        return self.fed.pop(handle)
-
-
 class Scheduler:
-    def __init__(self, batch: BatchStep, max_batch: int, max_queue: int, prefix: PrefixCache | None = None,
+    def __init__(self, batch: Batch, max_batch: int, max_queue: int, prefix: PrefixCache | None = None,
                  gate: ForkGate | None = None):
         self.batch, self.max_batch, self.max_queue, self.prefix = batch, max_batch, max_queue, prefix
         self.gate = gate or ForkGate()
@@ -228,9 +147,10 @@ class Scheduler:
                 cache, job.cached_tokens = self.prefix.lookup(job.ids, len(job.ids) + min(job.options.max_tokens,
                                                                                            FIRST_ROOM))
             with self.gate.computing():
-                self.running[self.batch.add(job.ids, job.options, cache)] = job
+                job.sequence = Sequence(self.batch.model, job.ids, job.options, cache)   # checks the prompt
+                self.running[self.batch.add(job.sequence)] = job
         except Exception as e:  # noqa: BLE001
-            job.events.put(Failed(f"{type(e).__name__}: {e}"))
+            job.events.put(Failed(str(e) if isinstance(e, MinigenError) else f"{type(e).__name__}: {e}"))
 
     def _leave_cancelled(self):
         for handle, job in list(self.running.items()):
@@ -247,16 +167,15 @@ class Scheduler:
             return
         for handle, result in results.items():
             job = self.running[handle]
-            if isinstance(result, Exception):
+            if isinstance(result, Exception):   # this sequence's own failure: the batch has let it go
                 self._end(handle, job, Failed(str(result) if isinstance(result, MinigenError) else
                                               f"{type(result).__name__}: {result}"))
                 continue
             job.events.put(result)
-            if result.finish:
+            if result.finish:   # the batch has let it go: its cache holds every id but the last
                 del self.running[handle]
-                ids, cache = self.batch.release(handle)
                 if self.prefix is not None:
-                    self.prefix.store(ids, cache)
+                    self.prefix.store(job.sequence.tokens, job.sequence.cache)
 
     def _end(self, handle: int, job: Job, event: Failed | None):
         del self.running[handle]

@@ -33,7 +33,7 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
     """The template rendered with `messages`, as transformers' apply_chat_template(tokenize=False) does."""
     variables = {"tools": None, "documents": None, **kwargs, "messages": messages,
                  "add_generation_prompt": add_generation_prompt}
-    limit = OUTPUT_BASE + 2 * len(json.dumps(messages, default=str))
+    limit = OUTPUT_BASE + 2 * len(json.dumps([messages, kwargs.get("tools")], default=str))   # tools are text too
     if not hasattr(os, "fork"):
         try:
             return "".join(_render(template, variables, limit))

@@ -340,3 +340,32 @@ class _HeldStderr:
             except OSError:
                 pass
         return False
+
+
+# --- a token's own bytes ------------------------------------------------------------------------------
+
+def token_text(tokenizer, token: int) -> tuple[str, bytes]:
+    """(the token decoded alone, its bytes): byte-level BPE pieces map back to their bytes, so a token
+    holding part of a UTF-8 character has its true bytes while its text shows U+FFFD."""
+    text = tokenizer.decode([token])
+    piece = tokenizer.id_to_token(token)
+    if piece is not None and all(c in BYTE_OF for c in piece) and "\ufffd" in text:
+        return text, bytes(BYTE_OF[c] for c in piece)
+    if piece is not None and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return text, bytes([int(piece[3:5], 16)])                            # byte fallback: <0xE2>
+    return text, text.encode("utf-8", "surrogatepass")
+
+
+def _bytes_to_unicode() -> dict:
+    """GPT-2's byte-level alphabet: each byte as a printable character (the inverse is BYTE_OF)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}

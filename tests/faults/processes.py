@@ -29,13 +29,13 @@ if where == "load":
     C.load_params = slow
 elif where == "generate":
     import minigen.generation.steps as G
-    real = G.generate_step
+    real = G.decode
     def slow(*a, **k):
         for i, s in enumerate(real(*a, **k)):
             if i == 1:
                 open(marker, "w").close(); time.sleep(30)
             yield s
-    G.generate_step = slow
+    G.decode = slow
 minigen.cli.main(prog_name="minigen")
 """
 

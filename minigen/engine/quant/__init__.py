@@ -1,0 +1,22 @@
+"""Weights kept in their checkpoint's own type, and the kernels that multiply by them.
+
+    from minigen.engine.quant import StoredMatrix, HAVE_KERNELS
+    w = StoredMatrix.from_bytes(raw, "Q4_K", (out, in), name)   # raw: the file's bytes of the tensor
+    y = w.times(x)                                             # x (N, in) float32 -> x @ W.T (N, out)
+
+| module | what |
+| --- | --- |
+| formats.py | each GGUF type's block layout and the NumPy function that defines its values |
+| quantize.py | llama.cpp's quantization rules (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, F16, BF16) |
+| kernels.py | the numba kernels: the layout they read, the product, the compiled decoder |
+| int8.py | the product with activations rounded to int8 per block of 32 (llama.cpp's way; not exact; an option) |
+| matrix.py | StoredMatrix, what the engine holds, and the refusal of a type it does not run |
+
+May import: numpy, numba (optional: without it every product goes through NumPy and OpenBLAS), and
+`minigen.errors`.
+"""
+from .formats import FORMATS
+from .matrix import HAVE_KERNELS, RUNS, StoredMatrix, refuse_type, stack, type_name
+from .quantize import QUANTIZERS
+
+__all__ = ["FORMATS", "HAVE_KERNELS", "QUANTIZERS", "RUNS", "StoredMatrix", "refuse_type", "stack", "type_name"]

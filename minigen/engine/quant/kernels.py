@@ -1,0 +1,581 @@
+"""The products with a stored matrix, compiled with numba: y = x @ W.T for float32 rows x (k, in) and a
+matrix W (out, in) kept in its checkpoint's own type, each weight read from memory once for all k rows.
+
+The layout (made once at load, matrix.py): tiles of TILE = 64 outputs, each the matrix's blocks with
+the outputs innermost:
+
+    tiles[t, b, r, j]    (T, n_blocks, R, C) uint8
+    block types (Q4_0 ... Q8_K): byte r of block b of output 64t + j   (R = the type's bytes per block, C = 64)
+    F16, BF16, F32:      input 32b + r of output 64t + j, its 2 or 4 bytes little-endian at j·size ...
+                         (R = 32, C = 64 · size: a row viewed as uint16 / float32 is the 64 outputs)
+
+so that byte r of 64 consecutive outputs is 64 contiguous bytes, a vector of 64 lanes. Every loop
+that touches weights is innermost over the tile's 64 outputs (8 AVX2 vectors, no horizontal sum: a
+loop per output row with a reduction over its inputs ran at 2-4 GB/s here, as LLVM may not reorder a
+float32 sum to vectorise it). The two nibbles of a byte are two inputs of one output, so both go to
+the same accumulator; a byte is loaded once for both.
+
+A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
+their two nibbles). Per unit:
+- `_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py;
+- for one row (a decode step), `_dot` adds x[unit] · w to the 64 accumulators, w computed from the
+  bytes in registers and never stored;
+- for k rows, `_store` writes the unit's values w (unit, 64) into a buffer in L1 and `_accumulate`
+  adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded once serves
+  both rows); so a weight is read from memory and decoded once whatever k is.
+Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
+see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulation is float32 FMAs in
+the order of the inputs, which is not OpenBLAS's order: results equal `x @ dequantize().T` to float32's
+rounding of a sum, not to its last digit.
+
+`_dot` and `_store` are LLVM vector IR built here (`_emit_*`, one short function per type reading like
+ggml-quants.c's dequantize_row_*), because numba computes integers in int64, which AVX2 cannot convert
+to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
+(vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 8 registers for
+the whole unit.
+
+The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
+start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
+after a kernel, as OpenBLAS's do after a product: a decode step on stored matrices should keep
+OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not take each other's cores.
+
+Which loop is innermost, and why: the tile's outputs, as lanes of vectors (8 per AVX2 register); over
+them, a unit's inputs (the loop the IR writes), the accumulators staying in registers; over those,
+units, blocks, and tiles (the parallel loop). A byte is decoded once and its value multiplied by
+every row in registers; nothing is summed across lanes.
+
+Measured on this machine (AMD EPYC Zen 3, 2 cores, AVX2, KVM, shared with other jobs: rough; commands
+and tables in docs/weights-as-stored.md). In the same process, a float32 GEMV over 933 MB (OpenBLAS, 2
+threads) ran at 11-20 GB/s; these kernels, one row of 8960 x 1536: Q4_K 4.9 GB/s (0.33 of that),
+Q4_1 5.3, Q8_0 5.4, F16 12.2 (0.82), BF16 11.4, i.e. 1.5-2.7x faster than OpenBLAS's float32 GEMV of
+the same matrix; they are compute-bound (unpacking, converting and scaling each weight: ~0.7
+instructions per weight), except F16 and BF16. All the products of a decode step of Qwen2.5-Coder-1.5B
+Q4_K_M take ~215 ms on 2 threads, where llama.cpp's whole step takes ~95 ms: its integer dot products
+do 16-32 multiply-adds per instruction on int8 activations (int8.py is a first step towards that).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+# OpenMP's idle threads spin 300,000 rounds after a kernel by default, long enough to slow an OpenBLAS
+# product that follows by ~40 % (they hold the core it wants); 10,000 rounds still catch the next
+# kernel of a decode step (~5 us to start one after gaps up to 100 us; 60 us after a 500 us gap).
+# Read by libgomp when numba first loads it, at the first parallel call (scripts/bench_kernels.py
+# --interplay). OpenBLAS's own spin: OPENBLAS_THREAD_TIMEOUT, minigen/__init__.py.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+import numba   # noqa: E402
+import numpy as np   # noqa: E402
+from llvmlite import ir   # noqa: E402
+from numba import njit, prange, types   # noqa: E402
+from numba.core import cgutils   # noqa: E402
+from numba.core.compiler import CompilerBase, DefaultPassBuilder   # noqa: E402
+from numba.core.compiler_machinery import FunctionPass, register_pass   # noqa: E402
+from numba.core.untyped_passes import TranslateByteCode   # noqa: E402
+from numba.extending import intrinsic   # noqa: E402
+
+TILE = 64    # outputs per tile
+GROUP = 32   # inputs per group: every block type's block, or an eighth of a K super-block
+F32 = np.float32
+U8 = np.uint8
+FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reordered
+
+# each type's number in the kernels' branches, and the inputs of one unit of its tiles
+KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K"])}
+UNIT = {name: 64 if name in ("Q4_K", "Q5_K") else GROUP for name in KINDS}
+
+
+@register_pass(mutates_CFG=False, analysis_only=False)
+class _NoAlias(FunctionPass):
+    """Marks every array argument noalias (C's restrict). No kernel here is given two arrays that
+    overlap, and without it LLVM checks at run time, before every vectorised 64-output loop, that no
+    store of it can change what it loads: ~100 instructions per loop of 8 vectors."""
+    _name = "minigen_noalias"
+
+    def __init__(self):
+        FunctionPass.__init__(self)
+
+    def run_pass(self, state):
+        state.flags.noalias = True
+        return False
+
+
+class _Compiler(CompilerBase):
+    def define_pipelines(self):
+        pm = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pm.add_pass_after(_NoAlias, TranslateByteCode)
+        pm.finalize()
+        return [pm]
+
+
+JIT = dict(cache=True, fastmath=FAST, error_model="numpy", pipeline_class=_Compiler)
+
+
+# --- scalars: float16 and bit fields, in 8 or 16 bits (numba would compute them in int64) -------------
+
+@intrinsic
+def _half(typingctx, lo, hi):
+    """Two bytes of a little-endian float16 -> its float32 value (exact; vcvtph2ps)."""
+    def codegen(context, builder, sig, args):
+        i16 = ir.IntType(16)
+        bits = builder.or_(builder.zext(args[0], i16), builder.shl(builder.zext(args[1], i16), ir.Constant(i16, 8)))
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint8, types.uint8), codegen
+
+
+@intrinsic
+def _float32(typingctx, b0, b1, b2, b3):
+    """Four bytes of a little-endian float32 -> its value."""
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.zext(args[0], i32)
+        for k in (1, 2, 3):
+            bits = builder.or_(bits, builder.shl(builder.zext(args[k], i32), ir.Constant(i32, 8 * k)))
+        return builder.bitcast(bits, ir.FloatType())
+    return types.float32(types.uint8, types.uint8, types.uint8, types.uint8), codegen
+
+
+# --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
+# s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
+
+@njit(**JIT)
+def _scales(kind, blk, u, s, o, s2, o2):
+    if kind <= 2:        # F32, F16, BF16: none
+        return
+    if kind in (3, 5, 7):    # Q4_0, Q5_0, Q8_0: d
+        for j in range(TILE):
+            s[j] = _half(blk[0, j], blk[1, j])
+    elif kind in (4, 6):     # Q4_1, Q5_1: d, m
+        for j in range(TILE):
+            s[j] = _half(blk[0, j], blk[1, j])
+            o[j] = _half(blk[2, j], blk[3, j])
+    elif kind in (8, 9):     # Q4_K, Q5_K: computed in the IR from the block's bytes (_k4_scales)
+        return
+    elif kind == 10:         # Q6_K: group u = quarter r of half h, int8 scales of its two halves of 16
+        h, r = u >> 2, u & 3
+        for j in range(TILE):
+            d = _half(blk[208, j], blk[209, j])
+            s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
+            s2[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
+    else:                    # Q8_K: d float32
+        for j in range(TILE):
+            s[j] = _float32(blk[0, j], blk[1, j], blk[2, j], blk[3, j])
+
+
+# --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
+# A unit is emitted as a loop over its inputs, in passes of 32 outputs: 4 pieces of 8 outputs, one AVX2
+# vector each. Per input, each piece's bytes are loaded (8 at a time, zero-extended to 32 bits by
+# vpmovzxbd), turned into codes and values, and stored, or accumulated into two accumulators per piece
+# taken in turn (8 independent FMA chains hide an FMA's latency). A loop, not straight-line code: with
+# 32 inputs unrolled LLVM scheduled every load first and spilled most of what it loaded.
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+FLOAT = ir.FloatType()
+LANES, PASS = 8, 32
+
+
+def _vec(t, n=LANES):
+    return ir.VectorType(t, n)
+
+
+def _splat_const(t, value):
+    return ir.Constant(_vec(t), [value] * LANES)
+
+
+def _k4_scales(b, row, g):
+    """(s, o) = (d·sc, dmin·m) of group g (an IR i64) of a Q4_K / Q5_K block, from its byte rows
+    (row(r) -> <n x i8>): get_scale_min_k4 on vectors, both of its forms computed and one selected."""
+    def half(r):
+        lo, hi = row(r), row(r + 1)
+        n = lo.type.count
+        bits = b.or_(b.zext(lo, ir.VectorType(I16, n)), b.shl(b.zext(hi, ir.VectorType(I16, n)), ir.Constant(ir.VectorType(I16, n), [8] * n)))
+        return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), n)), ir.VectorType(FLOAT, n))
+
+    n = row(0).type.count
+    c = lambda v: ir.Constant(ir.VectorType(I8, n), [v] * n)
+    i64 = lambda v: ir.Constant(I64, v)
+    small = b.icmp_signed("<", g, i64(4))
+    # the 12 scale bytes are block rows 4..15; group g reads rows 4 + g, 8 + g (g < 4) or 8 + g, g, 4 + g
+    a = row(b.add(g, i64(4)))     # g < 4: sc's 6 bits; g >= 4: m's top 2 bits (>> 6)
+    m_lo = row(b.add(g, i64(8)))  # g < 4: m's 6 bits; g >= 4: sc's low 4 bits and m's low 4 bits
+    top = row(g)                  # g >= 4: sc's top 2 bits (>> 6)
+    sc_small, m_small = b.and_(a, c(63)), b.and_(m_lo, c(63))
+    sc_big = b.or_(b.and_(m_lo, c(15)), b.shl(b.lshr(top, c(6)), c(4)))
+    m_big = b.or_(b.lshr(m_lo, c(4)), b.shl(b.lshr(a, c(6)), c(4)))
+    to_float = lambda v: b.uitofp(v, ir.VectorType(FLOAT, n))
+    sc = to_float(b.select(small, sc_small, sc_big))
+    m = to_float(b.select(small, m_small, m_big))
+    return b.fmul(half(0), sc), b.fmul(half(2), m)
+
+
+class _Unit:
+    """IR for one pass over one unit of one tile block: the pieces' byte rows, codes and scales, and
+    where each value w of input l goes (`put`: a buffer row, or accumulated as x[l]·w)."""
+
+    def __init__(self, context, builder, sig, args, dot: bool, pieces):
+        self.b = b = builder
+        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        self.base = b.bitcast(arr(0).data, I8.as_pointer())
+        self.u = args[1]
+        self.pieces = pieces                          # first output of each piece
+        scales = [b.bitcast(arr(i).data, FLOAT.as_pointer()) for i in (2, 3, 4, 5)]
+        self.scales = [[self.load(p, j, FLOAT) for j in pieces] for p in scales]
+        self.x = b.bitcast(arr(6).data, FLOAT.as_pointer())
+        self.x0 = args[7]
+        self.out = b.bitcast(arr(8).data, FLOAT.as_pointer())
+        self.dot = dot
+        self.fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        if dot:   # acc[piece][turn], in allocas that LLVM keeps in registers
+            self.acc = [[cgutils.alloca_once(b, _vec(FLOAT)) for _ in range(2)] for _ in pieces]
+            for j, (a, c) in zip(pieces, self.acc):
+                b.store(self.load(self.out, j, FLOAT), a)
+                b.store(ir.Constant(_vec(FLOAT), [0.0] * LANES), c)
+
+    def i64(self, v):
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def add(self, *terms):
+        total = self.i64(terms[0])
+        for t in terms[1:]:
+            total = self.b.add(total, self.i64(t))
+        return total
+
+    def mul(self, a, k: int):
+        return self.b.mul(self.i64(a), ir.Constant(I64, k))
+
+    def load(self, ptr, at, t):
+        p = self.b.gep(ptr, [self.i64(at)])
+        return self.b.load(self.b.bitcast(p, _vec(t).as_pointer()), align=1)
+
+    def row(self, r, t=I8):
+        """Row r of the block, one <8 x t> per piece (t: i8 for block types; i16 / float for F16, BF16, F32)."""
+        size = t.width // 8 if isinstance(t, ir.IntType) else 4
+        base = self.b.bitcast(self.b.gep(self.base, [self.mul(r, TILE * size)]), t.as_pointer())
+        return [self.load(base, j, t) for j in self.pieces]
+
+    def splat(self, value, t):
+        v = self.b.insert_element(ir.Constant(_vec(t), ir.Undefined), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, v, ir.Constant(_vec(I32), [0] * LANES))
+
+    def bits(self, v, shift, mask):
+        """(v >> shift) & mask for a piece <8 x i8> (shift: a Python int or an IR i64), as <8 x i32>."""
+        b = self.b
+        v = b.zext(v, _vec(I32))
+        amount = _splat_const(I32, shift) if isinstance(shift, int) else self.splat(b.trunc(shift, I32), I32)
+        return b.and_(b.lshr(v, amount), _splat_const(I32, mask))
+
+    def fifth(self, code, high_bits):
+        """code | (high_bits << 4), <8 x i32>."""
+        return self.b.or_(code, self.b.shl(high_bits, _splat_const(I32, 4)))
+
+    def float(self, code, offset=0):
+        """A code <8 x i32> minus offset, as float (exact: |code| < 2^24)."""
+        if offset:
+            code = self.b.sub(code, _splat_const(I32, offset))
+        return self.b.sitofp(code, _vec(FLOAT))
+
+    def put(self, l, ws, turn=0):
+        """Input l of the unit (an IR i64) has values ws (one <8 x float> per piece)."""
+        b = self.b
+        if self.dot:
+            x = self.splat(b.load(b.gep(self.x, [b.add(self.x0, l)])), FLOAT)
+            for w, acc in zip(ws, self.acc):
+                b.store(b.call(self.fma, [x, w, b.load(acc[turn])]), acc[turn])
+        else:
+            for j, w in zip(self.pieces, ws):
+                at = b.gep(self.out, [self.add(self.mul(l, TILE), j)])
+                b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
+
+    def finish(self):
+        if self.dot:
+            b = self.b
+            for j, (a, c) in zip(self.pieces, self.acc):
+                at = b.bitcast(b.gep(self.out, [ir.Constant(I64, j)]), _vec(FLOAT).as_pointer())
+                b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
+
+
+def _kernel_pair(emit, count: int, doc: str, prepare=None):
+    """Two intrinsics (store, dot), signature (blk, u, s, o, s2, o2, x, x0, out): for each pass of 32
+    outputs, prepare(unit) if given, then a loop of `count` steps, each emit(unit, l) for l = its index
+    (an IR i64)."""
+    def make(dot: bool):
+        @intrinsic
+        def fn(typingctx, blk, u, s, o, s2, o2, x, x0, out):
+            def codegen(context, builder, sig, args):
+                for first in range(0, TILE, PASS):
+                    unit = _Unit(context, builder, sig, args, dot, range(first, first + PASS, LANES))
+                    if prepare:
+                        prepare(unit)
+                    with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
+                        emit(unit, loop.index)
+                    unit.finish()
+                return context.get_dummy_value()
+            return types.none(blk, u, s, o, s2, o2, x, x0, out), codegen
+        fn.__doc__ = doc
+        return fn
+    return make(False), make(True)
+
+
+def _emit_floats(u: _Unit, l, kind: str):
+    """F32, F16, BF16: row l of the block is input l of the 64 outputs."""
+    b = u.b
+    if kind == "F32":
+        ws = u.row(l, FLOAT)
+    elif kind == "F16":
+        ws = [b.fpext(b.bitcast(v, _vec(ir.HalfType())), _vec(FLOAT)) for v in u.row(l, I16)]
+    else:   # bfloat16 is the high half of a float32
+        ws = [b.bitcast(b.shl(b.zext(v, _vec(I32)), _splat_const(I32, 16)), _vec(FLOAT)) for v in u.row(l, I16)]
+    u.put(l, ws)
+
+
+def _emit_legacy(u: _Unit, l, row_qh: int, row_qs: int, offset: int, has_m: bool):
+    """Q4_0, Q4_1, Q5_0, Q5_1 (l < 16): qs byte l holds inputs l (low nibble) and l + 16 (high); Q5's qh
+    bit i (byte i // 8, bit i % 8) is input i's fifth bit. w = d·(q − offset), or d·q + m."""
+    b = u.b
+    qs = u.row(u.add(row_qs, l))
+    lo, hi = [u.bits(v, 0, 15) for v in qs], [u.bits(v, 4, 15) for v in qs]
+    if row_qh:
+        byte, bit = b.lshr(l, u.i64(3)), b.and_(l, u.i64(7))
+        lo = [u.fifth(c, u.bits(h, bit, 1)) for c, h in zip(lo, u.row(u.add(row_qh, byte)))]
+        hi = [u.fifth(c, u.bits(h, bit, 1)) for c, h in zip(hi, u.row(u.add(row_qh + 2, byte)))]
+    d, m = u.scales[0], u.scales[1]
+    for turn, (i, codes) in enumerate(((l, lo), (u.add(l, 16), hi))):
+        if has_m:
+            u.put(i, [b.call(u.fma, [dj, u.float(q), mj]) for dj, q, mj in zip(d, codes, m)], turn)
+        else:
+            u.put(i, [b.fmul(dj, u.float(q, offset)) for dj, q in zip(d, codes)], turn)
+
+
+def _emit_q8(u: _Unit, l, row_qs: int):
+    """Q8_0 (one block of 32) and Q8_K (unit u of 8): w = d·q, q int8."""
+    b = u.b
+    first = u.add(row_qs, u.mul(u.u, GROUP)) if row_qs == 4 else u.i64(row_qs)
+    qs = u.row(b.add(first, l))
+    u.put(l, [b.fmul(d, b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT))) for d, v in zip(u.scales[0], qs)])
+
+
+def _k45_scales(u: _Unit):
+    """Q4_K, Q5_K unit c: the scales of groups 2c (s, o) and 2c + 1 (s2, o2), from the block's bytes."""
+    b = u.b
+    pieces = [_k4_scales(b, lambda r, j=j: u.row(r)[j], g) for g in (u.mul(u.u, 2), u.add(u.mul(u.u, 2), 1))
+              for j in range(len(u.pieces))]
+    n = len(u.pieces)
+    u.scales = [[pieces[j][0] for j in range(n)], [pieces[j][1] for j in range(n)],
+                [pieces[n + j][0] for j in range(n)], [pieces[n + j][1] for j in range(n)]]
+
+
+def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
+    """Q4_K, Q5_K, unit c = groups 2c, 2c + 1: qs byte row_qs + 32c + l holds input l of group 2c (low
+    nibble) and of 2c + 1 (high); Q5_K's qh byte 16 + l, bit g: the fifth bit of input l of group g.
+    w = (d·sc)·q − dmin·m, i.e. fma(s, q, −o) (s·q is exact, so fused or not it rounds once)."""
+    b = u.b
+    qs = u.row(u.add(u.mul(u.u, 32), row_qs, l))
+    lo, hi = [u.bits(v, 0, 15) for v in qs], [u.bits(v, 4, 15) for v in qs]
+    if fifth:
+        qh = u.row(u.add(16, l))
+        g = u.mul(u.u, 2)
+        lo = [u.fifth(c, u.bits(h, g, 1)) for c, h in zip(lo, qh)]
+        hi = [u.fifth(c, u.bits(h, b.add(g, u.i64(1)), 1)) for c, h in zip(hi, qh)]
+    for turn, (i, codes, s, o) in enumerate(((l, lo, 0, 1), (u.add(l, 32), hi, 2, 3))):
+        u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(u.scales[s], codes, u.scales[o])], turn)
+
+
+def _emit_q6(u: _Unit, l, half: int):
+    """Q6_K, unit g = quarter r of half h, inputs 16·half + l (l < 16): low 4 bits in ql byte 64h +
+    32(r % 2) + 16·half + l (low nibble for r < 2, high for r >= 2), high 2 bits in qh byte 128 + 32h +
+    16·half + l, bits 2r, 2r + 1. w = (d·sc)·(q − 32), sc the scale of the half (s, s2)."""
+    b = u.b
+    h, r = b.lshr(u.u, u.i64(2)), b.and_(u.u, u.i64(3))
+    i = u.add(l, 16 * half)
+    low = [u.bits(v, u.mul(b.lshr(r, u.i64(1)), 4), 15) for v in u.row(u.add(u.mul(h, 64), u.mul(b.and_(r, u.i64(1)), 32), i))]
+    high = [u.bits(v, u.mul(r, 2), 3) for v in u.row(u.add(u.mul(h, 32), 128, i))]
+    scale = u.scales[2 * half]
+    u.put(i, [b.fmul(s, u.float(u.fifth(lo, hi), 32)) for s, lo, hi in zip(scale, low, high)], half)
+
+
+def _emit_q6_both(u: _Unit, l):
+    _emit_q6(u, l, 0)
+    _emit_q6(u, l, 1)
+
+
+_store_f32, _dot_f32 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
+_store_f16, _dot_f16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
+_store_bf16, _dot_bf16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
+_store_q4_0, _dot_q4_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
+_store_q4_1, _dot_q4_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
+_store_q5_0, _dot_q5_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
+_store_q5_1, _dot_q5_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
+_store_q8_0, _dot_q8_0 = _kernel_pair(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
+_store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]", _k45_scales)
+_store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
+_store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
+_store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
+
+@njit(**JIT)
+def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
+    """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
+    _scales(kind, blk, u, s, o, s2, o2)
+    if dot:
+        if kind == 0:
+            _dot_f32(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 1:
+            _dot_f16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 2:
+            _dot_bf16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 3:
+            _dot_q4_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 4:
+            _dot_q4_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 5:
+            _dot_q5_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 6:
+            _dot_q5_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 7:
+            _dot_q8_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 8:
+            _dot_q4_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 9:
+            _dot_q5_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 10:
+            _dot_q6_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _dot_q8_k(blk, u, s, o, s2, o2, x, x0, out)
+    else:
+        if kind == 0:
+            _store_f32(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 1:
+            _store_f16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 2:
+            _store_bf16(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 3:
+            _store_q4_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 4:
+            _store_q4_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 5:
+            _store_q5_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 6:
+            _store_q5_1(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 7:
+            _store_q8_0(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 8:
+            _store_q4_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 9:
+            _store_q5_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 10:
+            _store_q6_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _store_q8_k(blk, u, s, o, s2, o2, x, x0, out)
+
+
+# --- the product ------------------------------------------------------------------------------------------
+
+@intrinsic
+def _accumulate(typingctx, acc, x, i0, w, n_in):
+    """acc (k, 64) += x[:, i0:i0 + n_in] @ w[:n_in] (w: a unit's values, (inputs, 64)), as LLVM IR: two
+    rows at a time, 32 outputs at a time, their 8 accumulators in registers across the unit's inputs,
+    so that each value of w loaded from L1 serves two rows with no accumulator going through memory
+    (as numba's loop did, 3 loads and 2 stores per 8 FMAs); an odd last row over all 64 outputs (8
+    accumulators again)."""
+    def codegen(context, builder, sig, args):
+        b = builder
+        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        acc_a, x_a, w_a = arr(0), arr(1), arr(3)
+        k = cgutils.unpack_tuple(b, acc_a.shape, 2)[0]
+        x_row = cgutils.unpack_tuple(b, x_a.shape, 2)[1]
+        acc_p, x_p, w_p = (b.bitcast(a.data, FLOAT.as_pointer()) for a in (acc_a, x_a, w_a))
+        fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        i64 = lambda v: ir.Constant(I64, v)
+
+        def vec_at(ptr, at):
+            return b.bitcast(b.gep(ptr, [at]), _vec(FLOAT).as_pointer())
+
+        def block(rows, first_out, n_pieces):
+            """rows (IR i64 row numbers) x n_pieces pieces from first_out: acc += x @ w."""
+            cells = [(r, first_out + LANES * q) for r in rows for q in range(n_pieces)]
+            slots = [cgutils.alloca_once(b, _vec(FLOAT)) for _ in cells]
+            for slot, (r, j) in zip(slots, cells):
+                b.store(b.load(vec_at(acc_p, b.add(b.mul(r, i64(TILE)), i64(j))), align=4), slot)
+            with cgutils.for_range(b, args[4]) as loop:
+                i = loop.index
+                xs = {}
+                for r in rows:
+                    v = b.load(b.gep(x_p, [b.add(b.mul(r, x_row), b.add(args[2], i))]))
+                    xs[r] = b.shuffle_vector(b.insert_element(ir.Constant(_vec(FLOAT), ir.Undefined), v, ir.Constant(I32, 0)),
+                                             ir.Constant(_vec(FLOAT), ir.Undefined), ir.Constant(_vec(I32), [0] * LANES))
+                ws = {q: b.load(vec_at(w_p, b.add(b.mul(i, i64(TILE)), i64(first_out + LANES * q))), align=4) for q in range(n_pieces)}
+                for slot, (r, j) in zip(slots, cells):
+                    q = (j - first_out) // LANES
+                    b.store(b.call(fma, [xs[r], ws[q], b.load(slot)]), slot)
+            for slot, (r, j) in zip(slots, cells):
+                b.store(b.load(slot), vec_at(acc_p, b.add(b.mul(r, i64(TILE)), i64(j))), align=4)
+
+        pairs = b.lshr(k, i64(1))
+        with cgutils.for_range(b, pairs) as loop:
+            r0 = b.mul(loop.index, i64(2))
+            for first in range(0, TILE, PASS):
+                block([r0, b.add(r0, i64(1))], first, PASS // LANES)
+        odd = b.icmp_signed("!=", b.and_(k, i64(1)), i64(0))
+        with b.if_then(odd):
+            block([b.sub(k, i64(1))], 0, TILE // LANES)
+        return context.get_dummy_value()
+    return types.none(acc, x, i0, w, n_in), codegen
+
+
+@njit(parallel=True, **JIT)
+def times(kind, tiles, units, unit_in, x, y):
+    """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
+    blocks hold `units` units of `unit_in` inputs. y may be narrower than T·64 (the last tile's padding)."""
+    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+    k, out = x.shape[0], y.shape[1]
+    for t in prange(n_tiles):
+        acc = np.zeros((k, TILE), F32)
+        w = np.empty((64, TILE), F32)
+        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        for b in range(n_blocks):
+            for u in range(units):
+                i0 = unit_in * (units * b + u)
+                if k == 1:
+                    _unit(kind, True, tiles[t, b], u, s, o, s2, o2, x[0], i0, acc[0])
+                else:
+                    _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x[0], i0, w)
+                    _accumulate(acc, x, i0, w, unit_in)
+        for n in range(k):
+            for j in range(min(TILE, out - TILE * t)):
+                y[n, TILE * t + j] = acc[n, j]
+
+
+@njit(parallel=True, **JIT)
+def dequantize(kind, tiles, units, unit_in, out_t):
+    """out_t (in, n_out) float32 = W.T, the values of W from its tiles as `times` sees them. Transposed,
+    as the tiles hold them (a unit's values are (inputs, 64 outputs)): each row of 64 is one copy, where
+    (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies x @ out_t as well."""
+    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+    n_out = out_t.shape[1]
+    for t in prange(n_tiles):
+        w = np.empty((64, TILE), F32)
+        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        x = np.empty(1, F32)
+        width = min(TILE, n_out - TILE * t)
+        for b in range(n_blocks):
+            for u in range(units):
+                _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x, 0, w)
+                i0 = unit_in * (units * b + u)
+                for i in range(unit_in):
+                    for j in range(width):
+                        out_t[i0 + i, TILE * t + j] = w[i, j]
+
+
+@contextmanager
+def threads(n: int | None):
+    """numba's parallel regions on this thread use n threads meanwhile (None: as many as it has)."""
+    if n is None:
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)

@@ -1,0 +1,233 @@
+"""StoredMatrix: a weight matrix (out, in), as HF's Linear shapes it, kept in its checkpoint's own type.
+
+    w = StoredMatrix.from_bytes(raw, "Q4_K", (out, in), name="blk.0.ffn_gate.weight")
+    y = w.times(x)          # x (N, in) float32 -> (N, out) = x @ w.dequantize().T
+    e = w.rows(ids)         # an embedding kept stored: only these rows are dequantized
+    w = StoredMatrix.quantize(w32, "Q4_K")   # llama.cpp's rules (quantize.py)
+
+What it holds is the layout the kernels want (kernels.py): the GGUF blocks in tiles of 64 outputs,
+made once here from the file's bytes (a memory-mapped slice is read once and can be released after).
+`times` runs the numba kernel up to `BLAS_ROWS` rows; from there on (a long prompt) it dequantizes
+CHUNK outputs at a time into a float32 buffer and lets OpenBLAS's GEMM multiply, which is faster
+there (scripts/bench_kernels.py measures the switch). Without numba (`HAVE_KERNELS` False) every
+product takes that second path, the reference the kernels are tested against: the engine then runs as
+it did before weights were kept stored, only slower to start each product; a loader that expects
+many products should dequantize once at load instead (`dequantize()`).
+
+Experts (E, out, in) are a list of StoredMatrix, one per expert (`stack`), each applied alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ...errors import MinigenError
+from .formats import BY_GGML_TYPE, FORMATS, OTHER_GGML_TYPES
+from .formats import dequantize as dequantize_rows
+from .quantize import QUANTIZERS, quantize_rows
+
+try:   # numba is optional: without it the NumPy path below computes the same products
+    from . import int8, kernels
+except ImportError:   # pragma: no cover - the CI environment has numba
+    int8 = kernels = None
+
+HAVE_KERNELS = kernels is not None
+TILE, GROUP = 64, 32
+BLAS_ROWS = 64     # from this many rows on, products go through float32 chunks and OpenBLAS (measured: bench_kernels.py)
+CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
+                   # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
+FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
+
+
+def refuse_type(tensor: str, type_name: str) -> MinigenError:
+    """The error for a tensor whose type minigen does not run: raise it at load."""
+    runs = ", ".join(RUNS)
+    return MinigenError(f"{tensor}: GGUF type {type_name} is not one minigen runs (it runs {runs})")
+
+
+def type_name(ggml_type: int, tensor: str) -> str:
+    """GGUF's number of a tensor type -> its name, or the refusal naming the tensor."""
+    if ggml_type in BY_GGML_TYPE:
+        return BY_GGML_TYPE[ggml_type].name
+    raise refuse_type(tensor, OTHER_GGML_TYPES.get(ggml_type, f"number {ggml_type}"))
+
+
+@dataclass(frozen=True)
+class StoredMatrix:
+    type: str                 # "Q4_K", "BF16", ...
+    shape: tuple[int, int]    # (out, in), HF's Linear shape: applied as x @ w.T
+    tiles: np.ndarray         # (T, n_blocks, R, C) uint8, kernels.py's layout
+    name: str = ""            # the tensor's name, for messages
+
+    # --- made from -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_bytes(cls, raw: np.ndarray, type: str, shape: tuple[int, int], name: str = "") -> "StoredMatrix":
+        """raw: the tensor's bytes as the file stores them, rows of blocks (out, row bytes) or flat,
+        uint8 (a memory-mapped slice is fine: it is read once, here). shape: (out, in)."""
+        if type not in FORMATS:
+            raise refuse_type(name or "a tensor", type)
+        out, n_in = (int(s) for s in shape)
+        f = FORMATS[type]
+        if n_in % f.block or np.asarray(raw).size != out * f.row_bytes(n_in):
+            raise MinigenError(f"{name or 'a tensor'}: {np.asarray(raw).size} bytes do not hold a {type} "
+                               f"matrix of shape ({out}, {n_in}) (rows of {n_in} must be whole blocks of {f.block})")
+        raw = np.asarray(raw, dtype=np.uint8).reshape(out, -1)
+        tiles = _tile_floats(raw, type, n_in) if type in FLOATS else _tile_blocks(raw, f.nbytes)
+        return cls(type, (out, n_in), tiles, name)
+
+    @classmethod
+    def quantize(cls, w: np.ndarray, type: str, name: str = "") -> "StoredMatrix":
+        """A float matrix (out, in) in `type`, by llama.cpp's rules (quantize.py)."""
+        if type not in QUANTIZERS:
+            raise MinigenError(f"{name or 'a tensor'}: cannot quantize to {type} (minigen quantizes to "
+                               f"{', '.join(QUANTIZERS)})")
+        block = FORMATS[type].block
+        if w.ndim != 2 or w.shape[1] % block:
+            raise MinigenError(f"{name or 'a tensor'}: shape {tuple(w.shape)} cannot be {type} "
+                               f"(its rows must be whole blocks of {block} inputs)")
+        return cls.from_bytes(quantize_rows(np.asarray(w, np.float32), type), type, w.shape, name)
+
+    # --- what it is ------------------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        return self.tiles.nbytes
+
+    @property
+    def groups(self) -> int:
+        """Groups of 32 inputs in one block of the tiles."""
+        return max(1, FORMATS[self.type].block // GROUP) if self.type not in FLOATS else 1
+
+    @property
+    def unit(self) -> int:
+        """Inputs the kernels decode at a time (kernels.UNIT: 64 for Q4_K and Q5_K, else 32)."""
+        return 64 if self.type in ("Q4_K", "Q5_K") else GROUP
+
+    def __repr__(self) -> str:
+        return f"StoredMatrix({self.name!r}, {self.type}, {self.shape})"
+
+    # --- values ------------------------------------------------------------------------------------------
+
+    def raw(self, rows: slice = slice(None)) -> np.ndarray:
+        """The file's bytes of these rows again, (n, row bytes) uint8: undoes the tiling."""
+        out, n_in = self.shape
+        lo, hi, _ = rows.indices(out)
+        t0, t1 = lo // TILE, -(-hi // TILE)
+        part = self.tiles[t0:t1]                              # (t, n_blocks, R, C)
+        if self.type in FLOATS:
+            size = np.dtype(FLOATS[self.type]).itemsize
+            v = part.view(FLOATS[self.type])                   # (t, n_blocks, 32, 64)
+            v = v.transpose(0, 3, 1, 2).reshape((t1 - t0) * TILE, -1)[:, :n_in]
+            return np.ascontiguousarray(v[lo - TILE * t0:hi - TILE * t0]).view(np.uint8).reshape(hi - lo, n_in * size)
+        rows_ = part.transpose(0, 3, 1, 2).reshape((t1 - t0) * TILE, -1)   # (t·64, n_blocks·R)
+        return np.ascontiguousarray(rows_[lo - TILE * t0:hi - TILE * t0])
+
+    def dequantize(self, rows: slice = slice(None)) -> np.ndarray:
+        """The float32 values (out, in) (or of a slice of the outputs), by formats.py's NumPy functions."""
+        return dequantize_rows(self.raw(rows), self.type)
+
+    def rows(self, ids) -> np.ndarray:
+        """An embedding lookup: the values of rows `ids` (n,), (n, in) float32; only those are decoded."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            raise MinigenError(f"{self.name or 'an embedding'}: token id out of range 0..{self.shape[0] - 1}")
+        f = FORMATS[self.type]
+        t, j = ids // TILE, ids % TILE
+        if self.type in FLOATS:
+            v = self.tiles.view(FLOATS[self.type])[t, :, :, j]           # (n, n_blocks, 32)
+            raw = np.ascontiguousarray(v.reshape(len(ids), -1)[:, :self.shape[1]]).view(np.uint8)
+        else:
+            raw = np.ascontiguousarray(self.tiles[t, :, :, j]).reshape(len(ids), -1)   # (n, n_blocks·R)
+        return dequantize_rows(raw, f.name)
+
+    # --- the product ---------------------------------------------------------------------------------------
+
+    def times(self, x: np.ndarray) -> np.ndarray:
+        """x (N, in) float32 -> (N, out) = x @ self.dequantize().T."""
+        if HAVE_KERNELS and len(x) < BLAS_ROWS:
+            return self.times_kernel(x)
+        return self.times_blas(x)
+
+    def times_kernel(self, x: np.ndarray) -> np.ndarray:
+        """The numba kernel, whatever N (tests and benchmarks call it directly)."""
+        x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
+        y = np.empty((len(x), self.shape[0]), np.float32)
+        kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
+        return y
+
+    def times_int8(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
+        llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+        Q6_K); a model multiplies its other types' matrices with the exact kernel."""
+        if not HAVE_KERNELS or self.type not in int8.TYPES:
+            why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
+            raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
+        return int8.times_int8(self, x)
+
+    def times_blas(self, x: np.ndarray) -> np.ndarray:
+        """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
+        numba is installed, else by NumPy), each multiplied by OpenBLAS on its threads. The decoder
+        keeps to the calling thread so that numba's threads never wait beside OpenBLAS's (decoding
+        is a few % of a long product's time; with numba's threads in between, 128 rows of 8960 x
+        1536 took 4-6x as long as the float32 product alone)."""
+        out = self.shape[0]
+        y = np.empty((len(x), out), np.float32)
+        for lo in range(0, out, CHUNK):
+            w_t = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1).T   # (in, chunk), rows strided
+            y[:, lo:lo + w_t.shape[1]] = x @ w_t   # (matmul into a strided `out=` took NumPy's slow loop: 10x)
+        return y
+
+    def dequantize_fast(self, rows: slice = slice(None), threads: int | None = None) -> np.ndarray:
+        """dequantize(rows) by the compiled decoder when there is one (the same values), on `threads`
+        of numba's threads (None: all). Made transposed: the result is a view (out, in) of an (in, out)
+        array."""
+        if not HAVE_KERNELS:
+            return self.dequantize(rows)
+        lo, hi, _ = rows.indices(self.shape[0])
+        t0, t1 = lo // TILE, -(-hi // TILE)
+        w_t = np.empty((self.tiles.shape[1] * self.groups * GROUP, (t1 - t0) * TILE), np.float32)
+        with kernels.threads(threads):
+            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
+        return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
+
+
+def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:
+    """Experts (E, out, in) as E matrices of one type and shape: a list, each applied alone to the rows
+    routed to it (moe.py's by_expert groups them)."""
+    first = matrices[0]
+    for m in matrices:
+        if (m.type, m.shape) != (first.type, first.shape):
+            raise MinigenError(f"{m.name}: expert of type {m.type} {m.shape} beside {first.type} {first.shape}")
+    return list(matrices)
+
+
+def _tile_blocks(raw: np.ndarray, nbytes: int) -> np.ndarray:
+    """(out, n_blocks·nbytes) -> (T, n_blocks, nbytes, 64): outputs padded with zero blocks (value 0)."""
+    out = len(raw)
+    T = -(-out // TILE)
+    blocks = raw.reshape(out, -1, nbytes)
+    if T * TILE != out:
+        blocks = np.concatenate([blocks, np.zeros((T * TILE - out, *blocks.shape[1:]), np.uint8)])
+    return np.ascontiguousarray(blocks.reshape(T, TILE, -1, nbytes).transpose(0, 2, 3, 1))
+
+
+def _tile_floats(raw: np.ndarray, type: str, n_in: int) -> np.ndarray:
+    """(out, in·size) -> (T, ceil(in/32), 32, 64·size): inputs and outputs padded with zeros."""
+    out = len(raw)
+    v = raw.view(FLOATS[type]).reshape(out, n_in)
+    T, nb = -(-out // TILE), -(-n_in // GROUP)
+    padded = np.zeros((T * TILE, nb * GROUP), v.dtype)
+    padded[:out, :n_in] = v
+    tiles = np.ascontiguousarray(padded.reshape(T, TILE, nb, GROUP).transpose(0, 2, 3, 1))
+    return tiles.view(np.uint8)
+
+
+def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
+    """x (N, in) with zero columns up to n (a float matrix's inputs padded to whole groups of 32)."""
+    if x.shape[1] == n:
+        return x
+    return np.concatenate([x, np.zeros((len(x), n - x.shape[1]), np.float32)], axis=1)

@@ -1,0 +1,188 @@
+"""StoredMatrix and its kernels: the numba product equals its NumPy twin (the matrix dequantized by
+formats.py, then `@`), for every stored type and row counts 1 ... 33 and a long one, to float32's
+rounding of a sum (never its last digit: per output, within 1e-5 of sum_i |x_i w_i|); the compiled
+decoder equals formats.py bit for bit; the embedding lookup, the layout's round trip, the NumPy path
+without numba, and the refusals of what it does not hold."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minigen.engine.quant import matrix as matrix_module
+from minigen.engine.quant.formats import FORMATS, dequantize
+from minigen.engine.quant.matrix import StoredMatrix, refuse_type, type_name
+from minigen.errors import MinigenError
+from quant_blocks import random_matrix
+
+TYPES = list(FORMATS)
+ROWS = [1, 2, 3, 5, 8, 16, 17, 32, 33, 70]
+SHAPES = {"F32": (130, 96), "F16": (200, 100), "BF16": (65, 256)}   # float inputs need not be whole groups of 32
+
+
+def shape_of(name):
+    return SHAPES.get(name, (200, 512) if FORMATS[name].block == 256 else (150, 320))
+
+
+@pytest.fixture(scope="module")
+def matrices():
+    rng = np.random.default_rng(33)
+    out = {}
+    for name in TYPES:
+        o, i = shape_of(name)
+        raw = random_matrix(name, o, i, rng)
+        out[name] = (StoredMatrix.from_bytes(raw, name, (o, i), name=f"test.{name}"), raw)
+    return out
+
+
+def assert_product(y, x, w):
+    """y = x @ w.T to float32's rounding of a sum, relative to each output's scale."""
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)
+    assert y.shape == ref.shape and y.dtype == np.float32
+    assert (np.abs(y - ref) <= 1e-5 * scale + 1e-30).all(), float((np.abs(y - ref) / (scale + 1e-30)).max())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_layout_round_trip(matrices, name):
+    m, raw = matrices[name]
+    assert m.shape == shape_of(name) and m.type == name
+    assert np.array_equal(m.raw(), raw)
+    assert np.array_equal(m.raw(slice(63, 131)), raw[63:131])
+    assert np.array_equal(m.dequantize(), dequantize(raw, name))
+    assert m.nbytes == m.tiles.nbytes and m.nbytes >= raw.nbytes
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_rows_are_the_lookup(matrices, name):
+    m, raw = matrices[name]
+    ids = [0, 63, 64, m.shape[0] - 1, 5, 5]
+    assert np.array_equal(m.rows(ids), dequantize(raw, name)[ids])
+    with pytest.raises(MinigenError, match=f"test.{name}: token id out of range"):
+        m.rows([m.shape[0]])
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_numpy_path_equals_the_definition(matrices, name, monkeypatch):
+    """Without numba: chunks dequantized by formats.py, then OpenBLAS."""
+    monkeypatch.setattr(matrix_module, "HAVE_KERNELS", False)
+    monkeypatch.setattr(matrix_module, "CHUNK", 64)
+    m, raw = matrices[name]
+    x = np.random.default_rng(1).standard_normal((3, m.shape[1])).astype(np.float32)
+    assert_product(m.times(x), x, dequantize(raw, name))
+
+
+# --- with numba -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kernels():
+    return pytest.importorskip("numba", reason="the kernels need numba") and matrix_module.kernels
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_compiled_decoder_is_bit_equal(kernels, matrices, name):
+    m, raw = matrices[name]
+    assert np.array_equal(m.dequantize_fast().view(np.uint32), dequantize(raw, name).view(np.uint32))
+    assert np.array_equal(m.dequantize_fast(slice(70, 140)), dequantize(raw, name)[70:140])
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_kernel_equals_numpy_twin(kernels, matrices, name):
+    m, raw = matrices[name]
+    w = m.dequantize()
+    rng = np.random.default_rng(FORMATS[name].ggml_type)
+    for n in ROWS:
+        x = rng.standard_normal((n, m.shape[1])).astype(np.float32)
+        assert_product(m.times_kernel(x), x, w)
+        assert_product(m.times_blas(x), x, w)
+
+
+def test_times_switches_to_blas_on_long_inputs(kernels, matrices, monkeypatch):
+    m, _ = matrices["Q4_K"]
+    called = []
+    monkeypatch.setattr(StoredMatrix, "times_blas", lambda self, x: called.append(len(x)) or np.zeros((len(x), 1)))
+    m.times(np.zeros((matrix_module.BLAS_ROWS - 1, m.shape[1]), np.float32))
+    m.times(np.zeros((matrix_module.BLAS_ROWS, m.shape[1]), np.float32))
+    assert called == [matrix_module.BLAS_ROWS]
+
+
+def test_kernel_on_real_blocks(kernels):
+    """Blocks of the real files (tests/fixtures/quant/real_blocks.npz) as whole matrices."""
+    from pathlib import Path
+    with np.load(Path(__file__).parent / "fixtures" / "quant" / "real_blocks.npz") as z:
+        rng = np.random.default_rng(3)
+        for key in [k for k in z.files if not k.endswith(":type")]:
+            name, raw = str(z[f"{key}:type"]), z[key]
+            n_in = raw.shape[1] // FORMATS[name].nbytes * FORMATS[name].block
+            m = StoredMatrix.from_bytes(raw, name, (len(raw), n_in), key)
+            x = rng.standard_normal((5, n_in)).astype(np.float32)
+            assert_product(m.times_kernel(x), x, dequantize(raw, name))
+
+
+def test_quantize_gives_a_stored_matrix(kernels):
+    w = np.random.default_rng(5).standard_normal((70, 256)).astype(np.float32)
+    m = StoredMatrix.quantize(w, "Q4_K", name="blk.0.ffn_up.weight")
+    assert (m.type, m.shape) == ("Q4_K", (70, 256))
+    x = np.ones((2, 256), np.float32)
+    assert_product(m.times(x), x, m.dequantize())
+    assert np.abs(m.dequantize() - w).max() < 0.3 * np.abs(w).max()
+
+
+# --- what it refuses -----------------------------------------------------------------------------------
+
+def test_refusals():
+    with pytest.raises(MinigenError, match="blk.3.attn_q.weight: GGUF type IQ2_XS is not one minigen runs"):
+        type_name(17, "blk.3.attn_q.weight")
+    with pytest.raises(MinigenError, match="output.weight: GGUF type Q3_K is not one minigen runs"):
+        raise refuse_type("output.weight", "Q3_K")
+    assert type_name(12, "x") == "Q4_K" and type_name(30, "x") == "BF16"
+    with pytest.raises(MinigenError, match="t.w: GGUF type number 99 is not"):
+        type_name(99, "t.w")
+    with pytest.raises(MinigenError, match="t.w: GGUF type Q2_K is not one minigen runs"):
+        StoredMatrix.from_bytes(np.zeros(84, np.uint8), "Q2_K", (1, 256), "t.w")
+    with pytest.raises(MinigenError, match=r"t.w: 100 bytes do not hold a Q4_0 matrix of shape \(2, 64\)"):
+        StoredMatrix.from_bytes(np.zeros(100, np.uint8), "Q4_0", (2, 64), "t.w")
+    with pytest.raises(MinigenError, match=r"t.w: .*\(rows of 48 must be whole blocks of 32\)"):
+        StoredMatrix.from_bytes(np.zeros(54, np.uint8), "Q4_0", (2, 48), "t.w")
+    with pytest.raises(MinigenError, match=r"t.w: cannot quantize to Q6_K"):
+        StoredMatrix.quantize(np.zeros((2, 256), np.float32), "Q6_K", "t.w")
+    with pytest.raises(MinigenError, match=r"t.w: shape \(2, 100\) cannot be Q4_K"):
+        StoredMatrix.quantize(np.zeros((2, 100), np.float32), "Q4_K", "t.w")
+
+
+# --- the int8-activation option ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_int8_equals_its_numpy_twin(kernels, matrices, name):
+    """int8.reference: activations rounded per block of 32 (llama.cpp's quantize_row_q8_0) times the
+    exact weights, in NumPy; the kernel's integer dot products equal it to float32's rounding. And its
+    distance from the exact product, the option's cost, stays what rounding x to int8 gives."""
+    from minigen.engine.quant import int8
+    m, raw = matrices[name]
+    w = dequantize(raw, name)
+    rng = np.random.default_rng(8)
+    for n in [1, 2, 3, 8, 17, 33]:
+        x = rng.standard_normal((n, m.shape[1])).astype(np.float32)
+        y = m.times_int8(x)
+        ref = int8.reference(m, x)
+        scale = np.abs(x) @ np.abs(w).T
+        assert (np.abs(y - ref) <= 1e-5 * scale).all()
+        assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
+
+
+def test_int8_activations_are_llama_cpp_s(kernels):
+    """quantize_row_q8_0: d = max|x| / 127, q = roundf(x · (1/d)) (d kept in float32, where llama.cpp
+    rounds it to float16); a block of zeros gives zeros."""
+    from minigen.engine.quant import int8
+    x = np.zeros((2, 64), np.float32)
+    x[0, :32] = np.linspace(-2, 3, 32)
+    q, d, s = int8.quantize_activations(x)
+    assert d[0, 0] == np.float32(3) / np.float32(127) and d[0, 1] == 0 and d[1, 0] == 0
+    v = x[0, :32] * (np.float32(1) / d[0, 0])
+    assert np.array_equal(q[0, :32], np.where(np.abs(v) % 1 == 0.5, np.trunc(v) + np.sign(v), np.round(v)))
+    assert (q[0, 32:] == 0).all() and s[0, 0] == q[0, :32].sum() and np.abs(q).max() == 127
+
+
+def test_int8_refuses_other_types(kernels, matrices):
+    m, _ = matrices["Q5_K"]
+    with pytest.raises(MinigenError, match="test.Q5_K: Q5_K cannot be multiplied with int8 activations"):
+        m.times_int8(np.zeros((1, m.shape[1]), np.float32))
