@@ -253,3 +253,21 @@ def figures(stats, load_seconds: float, verbose: bool = False) -> str:
         lines.append(f"speculative: {stats.accepted} of {stats.drafted} drafts accepted ({100 * stats.acceptance:.0f} %), "
                      f"{stats.accepted_per_forward:.2f} per forward, {stats.forwards} forwards")
     return "\n".join(lines)
+
+
+@contextmanager
+def until_signal():
+    """SIGINT and SIGTERM caught while the block runs (a server's life): the block calls the yielded wait()
+    to sleep until one comes; the handlers that were there before are put back at the end."""
+    import threading
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def wait():
+        while not stop.wait(0.5):
+            pass
+    try:
+        yield wait
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from ..errors import MinigenError
-from .harness import Command, load_timed, model_option, read_prompt
+from .harness import Command, load_timed, model_option, read_prompt, until_signal
 
 
 def load(model_path):
@@ -169,27 +169,21 @@ DUMP_FORMS = {"full": "lower triangles", "top": "each row's top keys", "rows": "
 
 def serve_attention(page: str, kept, src, port: int | None):
     """`--serve`: the page and its exact rows on 127.0.0.1 until SIGINT or SIGTERM; then exit 0."""
-    import signal
-    import threading
     from ..inspect.server import App, serve
     app = App(page.encode("utf-8"), kept, src.layers, src.heads, len(src.tokens))
     try:
         server = serve(app, port or 0)
     except OSError as e:
         raise MinigenError(f"--serve: cannot listen on 127.0.0.1:{port or 0} ({e.strerror or e})")
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    click.echo(f"minigen attention: serving http://127.0.0.1:{server.server_address[1]}/ "
-               f"(exact rows at /weights; Ctrl-C stops it)", err=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        click.echo("minigen attention: stopped", err=True)
+    with until_signal() as wait:
+        click.echo(f"minigen attention: serving http://127.0.0.1:{server.server_address[1]}/ "
+                   f"(exact rows at /weights; Ctrl-C stops it)", err=True)
+        try:
+            wait()
+        finally:
+            server.shutdown()
+            server.server_close()
+            click.echo("minigen attention: stopped", err=True)
 
 
 @click.command(cls=Command)

@@ -5,7 +5,6 @@ GRACE seconds to finish and are cancelled after that, and the process exits 0.
 """
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ import click
 
 from ..errors import MinigenError
 from ..files import MiB
-from .harness import Command, load_timed, model_option
+from .harness import Command, load_timed, model_option, until_signal
 
 GRACE = 3.0   # seconds running requests may take to finish after SIGTERM/SIGINT
 
@@ -66,22 +65,18 @@ def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb
     except OSError as e:
         scheduler.stop(0)
         raise MinigenError(f"cannot listen on {host}:{port} ({e.strerror or e})")
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    listener = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    listener.start()
-    host_shown, port_shown = server.server_address[:2]
-    click.echo(f"minigen serve: {name} ({model.config.model_type}, loaded in {load_seconds:.1f} s) on "
-               f"http://{host_shown}:{port_shown}/v1 (max batch {max_batch}, queue {max_queue})", err=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        click.echo("minigen serve: stopping", err=True)
-        server.shutdown()          # no new connections
-        scheduler.stop(GRACE)      # no new requests; the running ones finish or are cancelled
-        server.server_close()
-        time.sleep(0.2)            # handler threads send their last events
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with until_signal() as wait:
+        listener = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        listener.start()
+        host_shown, port_shown = server.server_address[:2]
+        click.echo(f"minigen serve: {name} ({model.config.model_type}, loaded in {load_seconds:.1f} s) on "
+                   f"http://{host_shown}:{port_shown}/v1 (max batch {max_batch}, queue {max_queue})", err=True)
+        try:
+            wait()
+        finally:
+            click.echo("minigen serve: stopping", err=True)
+            server.shutdown()          # no new connections
+            scheduler.stop(GRACE)      # no new requests; the running ones finish or are cancelled
+            server.server_close()
+            time.sleep(0.2)            # handler threads send their last events
     sys.exit(0)

@@ -24,7 +24,8 @@ from ..engine.cache import checkpoint, offset, truncate
 from ..errors import MinigenError, first_line
 from ..files import MiB, atomic_write, read_regular
 from .options import Options
-from .sequence import chat_ids, common_prefix
+from .ids import common_prefix
+from .sequence import chat_ids
 from .steps import Run
 
 

@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import MinigenError
+from .ids import common_prefix
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # Between JSON tokens: a space, or a newline and an indent of up to 20 spaces or tabs (llama.cpp's JSON
@@ -248,13 +249,3 @@ class Follow:
     def _check(self):
         if self.matcher.is_error():
             raise MinigenError(f"constraint: {one_line(self.matcher.get_error())}")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids a and b share (speculative.common_prefix, which would import the engine here)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

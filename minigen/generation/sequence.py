@@ -27,8 +27,9 @@ from typing import Callable, Sequence as Ids
 
 import numpy as np
 
-from ..errors import MinigenError, OptionError, is_int, short
+from ..errors import MinigenError, OptionError, short
 from .options import Options, check_prompt
+from .ids import token_ids
 from .sampling import Processor, Sampler, log_softmax, make_repetition_penalty, make_sampler
 
 FIRST_ROOM = 256  # tokens the KV cache has room for beyond the prompt before it first grows
@@ -215,24 +216,3 @@ def chat_ids(tokenizer, messages: list[dict], **variables) -> list[int]:
     `variables`: the template's other inputs (`tools`, as the server passes them)."""
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables),
                             add_special_tokens=False)
-
-
-def token_ids(prompt) -> list[int]:
-    """A prompt given as ids: a sequence of integers (Python or NumPy), nothing else."""
-    if isinstance(prompt, (str, bytes, bytearray, dict)) or not hasattr(prompt, "__iter__"):
-        raise OptionError("prompt", f"should be a string or a list of token ids, got {short(prompt, 40)}")
-    ids = list(prompt)
-    bad = next((i for i in ids if not is_int(i)), None)
-    if bad is not None:
-        raise OptionError("prompt", f"token ids should be integers, got {short(bad, 40)}")
-    return [int(i) for i in ids]
-
-
-def common_prefix(a: Ids[int], b: Ids[int]) -> int:
-    """How many leading ids a and b share (how much of a cache holding a's ids a sequence b may keep)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -36,7 +36,8 @@ from ..engine.cache import checkpoint, truncate
 from ..engine.model import hidden, unembed
 from ..errors import MinigenError
 from .sampling import Processor, categorical
-from .sequence import Sequence, Step, common_prefix
+from .ids import common_prefix
+from .sequence import Sequence, Step
 
 KS = tuple(range(17))   # draft lengths the policy chooses among
 # forward(r rows) / forward(1 row) for SmolLM2-135M after a 150-token prompt (scripts/bench.py --spec,

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 from ..engine import cache as caches
-from ..generation.sequence import common_prefix
+from ..generation.ids import common_prefix
 
 MIN_REUSE = 16   # tokens: below this, a copy saves next to nothing
 
