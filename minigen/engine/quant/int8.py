@@ -115,9 +115,10 @@ class _Pass:
         return [b.sitofp(b.load(w), _vec(FLOAT)) for w in wide]
 
     def add_to_outputs(self, value):
-        """acc[j0:j0 + 16] += value <16 x float>."""
+        """acc[j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a vector's
+        natural alignment (64 bytes) would let LLVM emit aligned moves, which fault on AVX-512."""
         at = self.b.bitcast(self.b.gep(self.acc, [self.i64(self.j0)]), _vec(FLOAT).as_pointer())
-        self.b.store(self.b.fadd(self.b.load(at), value), at)
+        self.b.store(self.b.fadd(self.b.load(at, align=4), value), at, align=4)
 
     def fsplat(self, v):
         return self.splat(v, FLOAT)
