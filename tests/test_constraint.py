@@ -318,5 +318,31 @@ def test_verify_checks_every_draft_against_the_grammar():
         def feedback(self, *args):
             pass
 
-    spec = [s.token for s in speculative_step(model, tok.encode("x"), o, drafter=Wrong())]
-    assert spec == plain
+    steps = list(speculative_step(model, tok.encode("x"), o, drafter=Wrong()))
+    assert [s.token for s in steps] == plain
+    assert sum(s.drafted for s in steps) == 0     # cut before the forward: no row verified a forbidden guess
+
+
+def test_admits_counts_the_drafts_the_grammar_allows():
+    """Follow.admits: the length of the draft's prefix the grammar allows after the output so far,
+    the output's own point kept (the matcher rolled back to it, not advanced by the check)."""
+    model, tok = load("qwen2")
+    c = C.regex("ab{2,3}c").bind(tok, model.config.vocab_size, eos_token_ids(model))
+    f = c.processor()
+    one = {ch: tok.encode(ch, add_special_tokens=False) for ch in "abc"}
+    assert all(len(v) == 1 for v in one.values())
+    a, b, cc = one["a"][0], one["b"][0], one["c"][0]
+    prompt = tok.encode("x")
+    assert f.admits(prompt, [a, b, b, cc]) == 4
+    assert f.admits(prompt, [a, cc]) == 1
+    assert f.admits(prompt, [b]) == 0
+    assert f.admits(prompt + [a, b], [b, b, cc, b]) == 3     # a fourth b is too many; the c ends it
+    assert f.admits(prompt + [a, b], [cc]) == 0              # one b is too few
+    eos = eos_token_ids(model)[0]
+    assert f.admits(prompt + [a, b, b, cc], [eos]) == 1
+    assert f.admits(prompt + [a, b], [b, cc, eos, a]) == 3     # an EOS where the output may end counts
+    assert f.admits(prompt + [a, b], [b, eos]) == 1
+    fresh = c.processor()
+    fresh.follow([a, b])
+    f.follow([a, b])
+    assert (f.allowed() == fresh.allowed()).all()

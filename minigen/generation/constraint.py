@@ -221,6 +221,23 @@ class Follow:
         n = len(scores)   # a draft model's logits may cover fewer ids than the model's
         return np.where(allowed[:n], scores, np.float32(-np.inf)).astype(scores.dtype, copy=False)
 
+    def admits(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        """How many of `draft`'s first tokens the grammar allows after `tokens` (speculative decoding
+        cuts a draft there before verifying it); an EOS counts where the grammar may end."""
+        if self.start is None:
+            self.start = len(tokens)
+        self.follow(list(tokens[self.start:]))
+        draft = list(draft)
+        n = self.matcher.validate_tokens(draft)
+        if n < len(draft) and draft[n] in self.eos:   # llguidance does not count an EOS where the output may end
+            head = draft[:n]
+            self.matcher.consume_tokens(head)
+            ends = self.matcher.is_accepting()
+            self.matcher.rollback(len(head))
+            n += ends
+        self._check()
+        return n
+
     def follow(self, output: list[int]):
         """Bring the matcher to `output`: roll back what differs from what it consumed, consume the rest,
         up to an EOS: the output ends there, and a draft model's guesses past one are never kept (the

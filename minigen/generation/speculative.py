@@ -72,6 +72,7 @@ def decode(seq: Sequence, drafter) -> Iterator[Step]:
         start, first = time.perf_counter(), not seq.generated
         room = seq.room(64)   # the most drafts any drafter makes (options: draft_tokens <= 64)
         draft, q = drafter.draft(seq.tokens, room, seq.sampler, seq.processors, seq.rng) if room else ([], None)
+        draft, q = admitted(draft, q, seq)
         pending = seq.feed(draft)
         if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
             checkpoint(seq.cache)
@@ -96,6 +97,16 @@ def decode(seq: Sequence, drafter) -> Iterator[Step]:
             if finish:
                 return
         seq.pending = seq.tokens[seq.cache[0].offset:]   # [out[-1]]; after a recurrent layer's rollback, the kept tokens too
+
+
+def admitted(draft: list[int], q, seq: Sequence) -> tuple[list[int], list | None]:
+    """The draft cut before its first token a processor rules out whatever the logits (a grammar's
+    `admits`), so that no row of the forward is spent on a guess verify would reject anyway."""
+    for process in seq.processors:
+        if draft and (admits := getattr(process, "admits", None)):
+            n = admits(seq.tokens, draft)
+            draft, q = draft[:n], None if q is None else q[:n]
+    return draft, q
 
 
 def verify(logits: np.ndarray, draft: list[int], q: list[np.ndarray] | None, tokens: list[int],
