@@ -10,7 +10,7 @@ import minigen
 from minigen.cli import main
 from minigen.inspect import ablated_logits, logit_lens
 from minigen.inspect.effects import Component, changes_for, patching
-from minigen.inspect.hooks import Intervention, final_residual, layer_inputs, logits_of, patch, resume
+from minigen.inspect.hooks import BATCH, Intervention, final_residual, layer_inputs, logits_of, patch, resume, resume_each
 from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
 from minigen.inspect.stats import value_weighted
@@ -73,6 +73,27 @@ def test_ablating_nothing_changes_nothing(family_model):
     x, _ = layer_inputs(family_model, IDS)
     for start in range(family_model.config.n_layers):           # resuming at any layer is the same forward
         np.testing.assert_allclose(logits_of(family_model, resume(family_model, x[start], start)), clean, atol=1e-5)
+
+
+def test_runs_resumed_together_equal_each_alone(family_model):
+    """hooks.resume_each (a sweep's and patching's runs from one layer as one batch) against resume, one
+    run at a time: every head ablated alone (zero and mean: a mean over its own run's positions), each
+    layer's blocks, a patched residual row; more runs than one batch holds."""
+    m, cfg = family_model, family_model.config
+    x, _ = layer_inputs(m, IDS)
+    layer = next(l for l in range(cfg.n_layers) if minigen.engine.mixers.has_attention(cfg, l))
+    comps = [Component("head", layer, h) for h in range(cfg.n_heads)] + [Component("attn", layer), Component("mlp", layer)]
+    changes = [changes_for([c], mode) for c in comps for mode in ("zero", "mean")] * 2       # > BATCH runs
+    changes.append(None)
+    xs = [x[layer]] * len(changes)
+    xs[-1] = x[layer].copy()
+    xs[-1][3] += 0.5
+    assert len(changes) > BATCH
+    together = resume_each(m, xs, layer, changes)
+    for xi, c, got in zip(xs, changes, together):
+        want = resume(m, xi, layer, Intervention(c))
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+    assert np.abs(together[0] - together[1]).max() > 1e-4          # zero and mean differ: each run its own
 
 
 def test_lens_rows(family_model):

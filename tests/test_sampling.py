@@ -132,3 +132,14 @@ def test_top_p_draws_follow_the_renormalised_distribution():
     expected = PROBS[[1, 3, 4]] / PROBS[[1, 3, 4]].sum() * n
     assert ((counts[[1, 3, 4]] - expected) ** 2 / expected).sum() < 13.82
 
+
+
+def test_largest_is_a_stable_sort_s_head():
+    """sampling.largest against np.argsort(-x, kind="stable")[:k]: ties (at and across the k-th), -inf,
+    k of 0, 1, all and more."""
+    from minigen.generation.sampling import largest
+    rng = np.random.default_rng(4)
+    for x in (rng.standard_normal(1000), rng.integers(0, 5, 1000).astype(np.float64),
+              np.where(rng.random(300) < 0.5, -np.inf, rng.integers(0, 3, 300)).astype(np.float32)):
+        for k in (0, 1, 2, 7, 100, len(x), len(x) + 3):
+            np.testing.assert_array_equal(largest(x, k), np.argsort(-x, kind="stable")[:k])

@@ -33,6 +33,19 @@ def top_k_filter(logprobs: np.ndarray, k: int) -> np.ndarray:
     return np.where(logprobs >= kth, logprobs, -np.inf)
 
 
+def largest(values: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest of values (V,), largest first, ties by lower id: what
+    np.argsort(-values, kind="stable")[:k] gives, without sorting the whole vocabulary."""
+    n = len(values)
+    if k >= n:
+        return np.argsort(-values, kind="stable")[:k]
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    kth = np.partition(values, n - k)[n - k]
+    candidates = np.flatnonzero(values >= kth)             # the k largest and any tied with the k-th, by id
+    return candidates[np.argsort(-values[candidates], kind="stable")[:k]]
+
+
 def top_p_filter(logprobs: np.ndarray, p: float) -> np.ndarray:
     """Keep the smallest set of most likely tokens whose probabilities add up to at least p."""
     if p >= 1.0:

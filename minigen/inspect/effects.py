@@ -23,10 +23,10 @@ import numpy as np
 from ..engine.mixers import has_attention
 from ..engine import model as M
 from ..errors import MinigenError
-from ..generation.sampling import log_softmax
+from ..generation.sampling import largest, log_softmax
 from .args import attention_layer, index
 from .experts import without_experts
-from .hooks import Intervention, final_residual, layer_inputs, logits_of, mean, patch, resume, zero
+from .hooks import Intervention, final_residual, layer_inputs, logits_of, mean, patch, resume, resume_each, zero
 
 MODES = ("zero", "mean")
 
@@ -108,7 +108,7 @@ def compare(before: np.ndarray, after: np.ndarray, target: int, k: int = 5) -> d
 
 
 def top_tokens(logp: np.ndarray, k: int) -> list[dict]:
-    order = np.argsort(-logp, kind="stable")[:k]
+    order = largest(logp, k)
     return [{"id": int(t), "p": float(np.exp(logp[t]))} for t in order]
 
 
@@ -131,8 +131,7 @@ def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = 
     before = logits_of(model, x_in[-1][position])
     target = int(np.argmax(before)) if target is None else target
     rows = []
-    for c in every(kind, model.config):
-        x = resume(model_without(model, [c]), x_in[c.layer], c.layer, Intervention(changes_for([c], mode)))
+    for c, x in zip(*ablated_runs(model, x_in, every(kind, model.config), mode)):
         effect = compare(before, logits_of(model, x[position]), target, k=1)
         rows.append({**c.as_json(), "kl": effect["kl"], "delta_logp": effect["delta_logp"],
                      "top_after": effect["top_after"][0]})
@@ -140,6 +139,21 @@ def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = 
             "logp_before": float(log_softmax(before, dtype=np.float64)[target]),
             "top_before": top_tokens(log_softmax(before, dtype=np.float64), 5),
             "effects": rows}
+
+
+def ablated_runs(model, x_in: np.ndarray, components: list[Component], mode: str):
+    """(components, the final residual with each one ablated alone), the runs that start at one layer
+    resumed together (hooks.resume_each); an expert's run (another model's params) alone."""
+    done = {}
+    for layer in sorted({c.layer for c in components}):
+        here = [c for c in components if c.layer == layer and c.kind != "expert"]
+        for c, x in zip(here, resume_each(model, [x_in[layer]] * len(here), layer,
+                                          [changes_for([c], mode) for c in here])):
+            done[c] = x
+    for c in components:
+        if c.kind == "expert":
+            done[c] = resume(model_without(model, [c]), x_in[c.layer], c.layer, Intervention(changes_for([c], mode)))
+    return components, [done[c] for c in components]
 
 
 # --- activation patching --------------------------------------------------------------------------------
@@ -178,14 +192,19 @@ def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str =
     if abs(ld_clean - ld_corrupt) < 1e-6:
         raise MinigenError(f"the clean and corrupted prompts give the same logit difference ({ld_clean:.4f}): "
                            f"there is nothing to restore; choose other prompts or answers")
-    measure = lambda start, x, changes=None: logit_diff(model, resume(model, x, start, Intervention(changes))[p],
-                                                        answer, wrong)
+
+    def measured(l: int, runs: list) -> list[float]:
+        """The logit difference of each run (x, changes) resumed at layer l together; None: the corrupted one."""
+        todo = [r for r in runs if r is not None]
+        done = iter(resume_each(model, [x for x, _ in todo], l, [c for _, c in todo]))
+        return [ld_corrupt if r is None else logit_diff(model, next(done)[p], answer, wrong) for r in runs]
+
     if what == "heads":
-        grid = [[measure(l, xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)]
+        grid = [measured(l, [(xr[l], {("z", l): patch(clean.kept["z"][l], heads=[h])}) for h in range(cfg.n_heads)])
                 if has_attention(cfg, l) else [float("nan")] * cfg.n_heads   # a layer without heads (hybrids)
                 for l in range(cfg.n_layers)]
     else:
-        grid = [[_patch_position(what, l, q, p, (xc, clean), (xr, corrupt), measure, ld_corrupt) for q in range(T)]
+        grid = [measured(l, [_patch_run(what, l, q, p, (xc, clean), (xr, corrupt)) for q in range(T)])
                 for l in range(cfg.n_layers)]
     ld = np.array(grid)
     return {"what": what, "position": p, "answer": answer, "wrong": wrong,
@@ -193,15 +212,16 @@ def patching(model, clean_ids, corrupt_ids, answer: int, wrong: int, what: str =
             "logit_diff": ld.tolist(), "restored": ((ld - ld_corrupt) / (ld_clean - ld_corrupt)).tolist()}
 
 
-def _patch_position(what, l, q, p, clean, corrupt, measure, ld_corrupt) -> float:
-    """One cell of a layers x positions grid. A position after `p` cannot reach it (causal attention), and
-    a row equal in both runs patches nothing: both give the corrupted logit difference without a run."""
+def _patch_run(what, l, q, p, clean, corrupt):
+    """One cell of a layers x positions grid: the run (x entering layer l, changes), or None where a
+    position after `p` cannot reach it (causal attention) or the row is equal in both runs: the
+    corrupted logit difference, without a run."""
     (xc, kc), (xr, kr) = clean, corrupt
     source, target = (xc[l], xr[l]) if what == "resid" else (kc.kept[what][l], kr.kept[what][l])
     if q > p or np.array_equal(source[q], target[q]):
-        return ld_corrupt
+        return None
     if what == "resid":
         x = xr[l].copy()
         x[q] = xc[l][q]
-        return measure(l, x)
-    return measure(l, xr[l], {(what, l): patch(source, positions=[q])})
+        return x, None
+    return xr[l], {(what, l): patch(source, positions=[q])}

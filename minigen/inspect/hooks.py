@@ -123,6 +123,50 @@ def resume(model, x: np.ndarray, start: int, hooks: M.Hooks | None = None) -> np
     return M.run_layers(x.copy(), model.params, model.config, seqs, start, hooks=hooks)
 
 
+class Each(M.Hooks):
+    """The hooks of B runs stacked as one batch, each T rows: run i's own Intervention sees, and changes,
+    its rows i*T..(i+1)*T alone (a mean is over its own positions)."""
+
+    def __init__(self, runs: list[Intervention], T: int):
+        self.runs, self.T = runs, T
+
+    def _each(self, kind: str, layer: int, a: np.ndarray) -> np.ndarray:
+        out = None
+        for i, run in enumerate(self.runs):
+            change = run.changes.get((kind, layer))
+            if change is not None:
+                out = a.copy() if out is None else out
+                out[i * self.T:(i + 1) * self.T] = change(a[i * self.T:(i + 1) * self.T])
+        return a if out is None else out
+
+    def z(self, layer, z):
+        return self._each("z", layer, z)
+
+    def attn_out(self, layer, a):
+        return self._each("attn", layer, a)
+
+    def mlp_out(self, layer, m):
+        return self._each("mlp", layer, m)
+
+
+BATCH = 16   # runs resumed together: a product of 16 prompts' rows runs near GEMM's speed, one prompt's far below
+
+
+def resume_each(model, xs: list[np.ndarray], start: int, changes: list[dict | None]) -> list[np.ndarray]:
+    """`resume` for many runs from one layer: run i on xs[i] (T, D) with changes[i], BATCH of them at a
+    time as one batch of sequences (the same rows through every product, so each equals its own resume
+    to float32's rounding). -> each run's final residual (T, D)."""
+    out = []
+    for b in range(0, len(xs), BATCH):
+        group, group_changes = xs[b:b + BATCH], changes[b:b + BATCH]
+        T = len(group[0])
+        seqs = M.stack([np.zeros(T, np.int64)] * len(group), [model.make_cache(T) for _ in group])   # lengths only
+        hooks = Each([Intervention(c) for c in group_changes], T)
+        x = M.run_layers(np.concatenate(group), model.params, model.config, seqs, start, hooks=hooks)
+        out += [x[i * T:(i + 1) * T] for i in range(len(group))]
+    return out
+
+
 def logits_of(model, x: np.ndarray) -> np.ndarray:
     """Final norm, lm_head and the family's soft-cap on residual rows (..., D) -> (..., V)."""
     return M.unembed(np.atleast_2d(x), model.params, model.config).reshape(*x.shape[:-1], -1)

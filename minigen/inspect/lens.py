@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import model as M
-from ..generation.sampling import log_softmax
+from ..generation.sampling import largest, log_softmax
 from .hooks import layer_inputs, logits_of
 
 
@@ -43,7 +43,7 @@ def lens_at(model, ids, position: int, k: int = 5, target: int | None = None) ->
     target = int(np.argmax(logp[-1])) if target is None else target
     rows = []
     for l, lp in enumerate(logp):
-        order = np.argsort(-lp, kind="stable")[:k]
+        order = largest(lp, k)
         rows.append({"layer": l - 1 if l else None, "name": "embed" if l == 0 else str(l - 1),
                      "top": [{"id": int(t), "p": float(np.exp(lp[t]))} for t in order],
                      "target_rank": int((lp > lp[target]).sum()) + 1, "target_p": float(np.exp(lp[target]))})

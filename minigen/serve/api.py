@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from ..errors import MinigenError, OptionError, is_int, is_number, short
 from ..files import parse_json
-from ..generation.sampling import log_softmax
+from ..generation.sampling import largest, log_softmax
 from ..generation import constraint as constraints
 from ..generation.constraint import JSON_DEFAULTS
 from ..generation.options import REQUEST_FIELDS, Options
@@ -467,7 +467,7 @@ def logprob_entry(tokenizer, logits, token: int, k: int) -> tuple:
     raw logits, before temperature and the filters), as vLLM reports them by default.
     To be replaced by Step.logprob / Step.top_logprobs(k) (the scores issue) when they land."""
     lp = log_softmax(logits)                                                 # (V,)
-    top = np.argsort(-lp, kind="stable")[:k] if k else []
+    top = largest(lp, k)
     return token_text(tokenizer, token) + (float(lp[token]), [token_text(tokenizer, int(i)) + (float(lp[i]),)
                                                               for i in top])
 
