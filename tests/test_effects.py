@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import minigen
 from minigen.cli import main
 from minigen.inspect import ablated_logits, logit_lens
-from minigen.inspect.effects import Component, changes_for, patching
+from minigen.inspect.effects import Component, ablated_runs, changes_for, every, patching
 from minigen.inspect.hooks import BATCH, Intervention, final_residual, layer_inputs, logits_of, patch, resume, resume_each
 from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
@@ -275,3 +275,15 @@ def test_bad_arguments(args, words):
     assert r.exception is None or isinstance(r.exception, SystemExit)
     for w in words:
         assert w in r.output, r.output
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "lfm2", "falcon_h1", "granitemoehybrid", "granitemoe"])
+def test_hybrid_and_expert_runs_resumed_together_equal_each_alone(name):
+    """The same on hybrids (recurrent layers' states, one per run) and routed experts: every layer's
+    mixer and MLP ablated alone (effects.ablated_runs), against resume one run at a time."""
+    m = minigen.load(FIXTURES_DIR / name)[0]
+    x, _ = layer_inputs(m, IDS)
+    comps = every("attn", m.config) + every("mlp", m.config)
+    for c, got in zip(*ablated_runs(m, x, comps, "mean")):
+        want = resume(m, x[c.layer], c.layer, Intervention(changes_for([c], "mean")))
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5, err_msg=str(c))
