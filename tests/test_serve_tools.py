@@ -237,3 +237,22 @@ def test_tools_for_a_template_that_does_not_render_them_are_400():
         assert create(s, tools=TOOLS, tool_choice="none", max_tokens=2).choices[0].finish_reason in ("stop", "length")
     finally:
         s.close()
+
+
+def test_the_grammar_tokenizer_is_built_when_the_server_starts():
+    """build() makes llguidance's tokenizer of the model off the first constrained request's time, the
+    one bind() then finds: a fresh tokenizer object, so that no earlier test built it."""
+    from minigen.generation import constraint as C
+    from minigen.generation.sequence import eos_token_ids
+    model, tok = fixture_model(QWEN25)
+    app = build(model, tok, NAME)
+    try:
+        warm = [t for t in threading.enumerate() if t.name == "minigen-llguidance"]
+        for t in warm:
+            t.join(TIMEOUT)
+        eos = tuple(eos_token_ids(model))
+        assert (id(tok.hf), model.config.vocab_size, eos) in C._TOKENIZERS
+        bound = C.json_object().bind(tok, model.config.vocab_size, eos)
+        assert bound.tokenizer is C._TOKENIZERS[(id(tok.hf), model.config.vocab_size, eos)][1]
+    finally:
+        app.scheduler.stop(1.0)

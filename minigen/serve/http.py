@@ -17,6 +17,7 @@ import hmac
 import json
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +27,9 @@ from ..files import MiB
 from . import api
 from .output import ClientGone, JobFailed, Locked, Output
 from .prefix import PrefixCache
+from ..generation import constraint
 from ..generation.batch import Batch
+from ..generation.sequence import eos_token_ids
 from .scheduler import ForkGate, Job, QueueFull, Scheduler, Stopping
 from .tools import Calls
 
@@ -58,6 +61,8 @@ def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, 
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
     scheduler = Scheduler(Batch(model) if batch is None else batch, max_batch, max_queue, prefix, gate)
     scheduler.start()
+    threading.Thread(target=constraint.warm, args=(tokenizer.inner, model.config.vocab_size, eos_token_ids(model)),
+                     name="minigen-llguidance", daemon=True).start()
     return App(model, tokenizer, name, scheduler, api_key, log, int(time.time()))
 
 
