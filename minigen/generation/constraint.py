@@ -179,8 +179,8 @@ _TOKENIZERS_LOCK = threading.Lock()
 
 
 def warm(tokenizer, vocab: int, eos: Sequence[int]) -> None:
-    """Build a model's llguidance tokenizer ahead of its first constrained request (a server starting: 0.2 s
-    for 49k tokens, ~1 s for 152k, off the request's time); nothing if it cannot be built, which that
+    """Build a model's llguidance tokenizer ahead of its first constrained request (a server starting: 0.4 s
+    for 49k tokens, 1.7 s for 152k, off the request's time); nothing if it cannot be built, which that
     request then reports."""
     try:
         ll_tokenizer(tokenizer, vocab, _eos(eos, vocab))
