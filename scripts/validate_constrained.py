@@ -1,6 +1,6 @@
 """Constrained output on a real model: every output that finished validates against its schema.
 
-    python scripts/validate_constrained.py                                   # Qwen2.5-Coder-0.5B-Instruct
+    python scripts/draft_pair.py weights/bench && python scripts/validate_constrained.py   # Qwen2.5-Coder-0.5B-Instruct
     python scripts/validate_constrained.py --model weights/smollm2-135m-instruct --seeds 2
 
 Schemas and prompts written for this script (none of the test fixtures shaped them), each run greedy and
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-QWEN = "/work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN = str(ROOT / "weights" / "bench" / "qwen2.5-coder-0.5b-instruct")   # scripts/draft_pair.py weights/bench makes it
 CASES = [
     ("Give me a recipe for pancakes as JSON.",
      {"type": "object", "properties": {"title": {"type": "string"}, "servings": {"type": "integer", "minimum": 1},
