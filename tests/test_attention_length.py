@@ -146,6 +146,27 @@ def assert_top_keys(keys, weights, row, K, floor=0.0):
         assert row[rest].max(initial=0) <= row[listed].min() + 1e-5
 
 
+@pytest.mark.parametrize("S,K", [(300, 4), (1100, 8), (4000, 8), (2000, 100)])
+def test_top_exact_equals_a_full_sort(S, K):
+    """Each row's K strongest keys beyond the first against a plain sort of the row (weight, then key), on
+    rows long enough for the candidates' bound (tiles._top_of_candidates) and short ones: ties at the top, a
+    sliding window's zeros, a row with nothing beyond the first token."""
+    rng = np.random.default_rng(S)
+    w = rng.random((5, 16, S)).astype(np.float32) ** 8
+    w[0, 3, 50:S // 2] = w[0, 3].max()
+    w[1, :, :S - 40], w[1, :, 0] = 0, 1
+    w[2, 0, 1:] = 0
+    w /= w.sum(-1, keepdims=True)
+    keys, weights = TL.top_exact(w, K)
+    for h in range(5):
+        for i in range(16):
+            row = w[h, i, 1:]
+            order = np.lexsort((np.arange(len(row)), -row))[:K]
+            order = order[row[order] > 0]
+            assert np.array_equal(keys[h, i], np.r_[order + 1, [-1] * (K - len(order))])
+            assert np.array_equal(weights[h, i], np.r_[row[order], [0] * (K - len(order))].astype(np.float32))
+
+
 @pytest.mark.parametrize("name", ["llama_gqa3", "mistral_sliding", "granitemoehybrid"])
 def test_top_keys_are_the_full_maps_top_keys(name):
     _, maps, ids, (top,) = scanned(name, None, lambda l, h, ids: TL.TopKeys(l, h, len(ids), 5))

@@ -106,13 +106,15 @@ def run_options(name: str):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
 @click.option("--system", help="System message for --chat (implies --chat).")
 @click.option("--dump-attention", "dump_path", metavar="OUT.npz",
-              help="Save every attention weight of the run (prompt and generated rows) as .npz.")
+              help="Save the run's attention (prompt and generated rows) as .npz: every weight, or with "
+                   "--attn-top-k / --attn-queries each row's strongest keys / a window of rows.")
 @click.option("--attn-layers", metavar="0,5-7", help="Layers to dump (default all).")
 @click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
 @click.option("--attn-top-k", type=click.IntRange(1, 1024), metavar="K",
               help="Dump each row's first token and its K strongest other keys instead of every weight.")
-@click.option("--attn-queries", metavar="A-B", help="Dump the full rows of queries A..B only.")
+@click.option("--attn-queries", metavar="A-B",
+              help="Dump the full rows of queries A..B only (rows: the prompt's tokens, then each generated one).")
 @click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
 @click.option("--draft-model", "draft_path", metavar="PATH|ID",
               help="Speculative decoding with this small model drafting (it must share the model's tokenizer).")
