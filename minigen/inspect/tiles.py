@@ -208,7 +208,9 @@ def _top_of_candidates(w: np.ndarray, K: int, C: int):
     flat = np.flatnonzero(w[:, :, 1:] >= tau[..., None])                   # by (head, row), then key
     row, key = flat // m, flat % m + 1                                       # key: among 0..S-1
     vals = w.reshape(-1)[row * S + key]
-    order = np.lexsort((key, -vals, row))
+    # by row, then weight descending: a weight > 0's float32 bits, as an integer, grow with it; the sort is
+    # stable, so equal weights keep their key order
+    order = np.argsort((row << 31) | (0x7FFFFFFF - vals.view(np.int32)).astype(np.int64), kind="stable")
     row, key, vals = row[order], key[order], vals[order]
     rank = np.arange(len(row)) - np.searchsorted(row, row, side="left")     # place within its row
     keep = rank < K
