@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
+import minigen.engine.model
 from minigen.cli import main
 from minigen.engine.attention import causal_attention, causal_weights
 from minigen.inspect import dump as D
@@ -143,6 +144,27 @@ def assert_top_keys(keys, weights, row, K, floor=0.0):
     if len(listed):
         rest = np.setdiff1d(np.arange(1, len(row)), listed)
         assert row[rest].max(initial=0) <= row[listed].min() + 1e-5
+
+
+@pytest.mark.parametrize("S,K", [(300, 4), (1100, 8), (4000, 8), (2000, 100)])
+def test_top_exact_equals_a_full_sort(S, K):
+    """Each row's K strongest keys beyond the first against a plain sort of the row (weight, then key), on
+    rows long enough for the candidates' bound (tiles._top_of_candidates) and short ones: ties at the top, a
+    sliding window's zeros, a row with nothing beyond the first token."""
+    rng = np.random.default_rng(S)
+    w = rng.random((5, 16, S)).astype(np.float32) ** 8
+    w[0, 3, 50:S // 2] = w[0, 3].max()
+    w[1, :, :S - 40], w[1, :, 0] = 0, 1
+    w[2, 0, 1:] = 0
+    w /= w.sum(-1, keepdims=True)
+    keys, weights = TL.top_exact(w, K)
+    for h in range(5):
+        for i in range(16):
+            row = w[h, i, 1:]
+            order = np.lexsort((np.arange(len(row)), -row))[:K]
+            order = order[row[order] > 0]
+            assert np.array_equal(keys[h, i], np.r_[order + 1, [-1] * (K - len(order))])
+            assert np.array_equal(weights[h, i], np.r_[row[order], [0] * (K - len(order))].astype(np.float32))
 
 
 @pytest.mark.parametrize("name", ["llama_gqa3", "mistral_sliding", "granitemoehybrid"])
@@ -294,6 +316,126 @@ def test_window_dump_holds_full_rows_equal_to_output_attentions(tmp_path):
     full = prompt_attention(model, d["token_ids"])
     assert d["form"] == "rows" and d["queries"] == (4, 8) and list(d["layers"]) == [1]
     np.testing.assert_allclose(d["layers"][1], full[1][:, 4:8, :8], atol=1e-6)
+
+
+# --- generate --dump-attention at length: the same forms, streamed from every step ------------------------------
+
+def generated_dump(tmp_path, name, *flags, n=5, out="g.npz"):
+    """generate's dump (greedy, -n n) of the reference prompt: (its load_attention, the reference maps)."""
+    maps, ids = reference_maps(name)
+    prompt = minigen.load(FIXTURES_DIR / name)[1].decode(ids[1:])
+    r = cli("generate", prompt, "--model", FIXTURES_DIR / name, "-n", n, "--temp", 0, "--ignore-eos", "-q",
+            "--dump-attention", tmp_path / out, "--attn-verify", *flags)
+    assert r.exit_code == 0 and "match an uncached recomputation" in r.output, r.output
+    d = load_attention(tmp_path / out)
+    assert np.array_equal(d["token_ids"][:len(ids)], ids) and d["prompt_length"] == len(ids)
+    assert len(d["token_ids"]) == len(ids) + n - 1
+    return d, maps
+
+
+@pytest.mark.parametrize("name", ["llama_gqa3", "mistral_sliding", "lfm2"])
+def test_generation_dumps_compact_and_windows_equal_the_full_dump_and_output_attentions(tmp_path, name):
+    """The three forms of one greedy run: the full maps' prompt rows are transformers' output_attentions, the
+    top keys of every row (the prompt's and the generated tokens') are the full maps' top keys, a window of
+    queries across the prompt's end is the full maps' slice."""
+    full, maps = generated_dump(tmp_path, name, out="full.npz")
+    top, _ = generated_dump(tmp_path, name, "--attn-top-k", 3, "--attn-heads", "1-2", out="top.npz")
+    P = full["prompt_length"]
+    rows, _ = generated_dump(tmp_path, name, "--attn-queries", f"{P - 2}-{P + 2}", out="rows.npz")
+    T = len(full["token_ids"])
+    th = TL.Thumbs(sorted(full["layers"]), 2, T)
+    SC.scan_maps({l: a[1:3] for l, a in full["layers"].items()}, [th])
+    assert top["form"] == "top" and top["top_k"] == 3 and top["heads"] == [1, 2]
+    assert rows["form"] == "rows" and rows["queries"] == (P - 2, P + 3)
+    for l, a in full["layers"].items():
+        np.testing.assert_allclose(a[:, :P, :P], maps[l], atol=1e-5, rtol=0)
+        got = top["layers"][l]
+        np.testing.assert_allclose(got["first"], a[1:3, :, 0], atol=1e-6)
+        for h in range(2):
+            for i in range(T):
+                assert_top_keys(got["keys"][h, i], got["weights"][h, i], a[1 + h, i, :i + 1], 3)
+        listed = np.where(got["keys"] >= 0, got["weights"], 0).sum(-1)
+        np.testing.assert_allclose(got["rest"], a[1:3, :, 1:].sum(-1) - listed, atol=1e-5)
+        n = sorted(full["layers"]).index(l)
+        np.testing.assert_allclose(got["thumbs"], th.plain[n], atol=1e-3)   # float16 pixels
+        np.testing.assert_allclose(got["thumbs_hidden"], th.hidden[n], atol=1e-3)
+        np.testing.assert_allclose(rows["layers"][l], a[:, P - 2:P + 3, :P + 3], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(rows["layers"][l][:, :2, :P], maps[l][:, P - 2:], atol=1e-5, rtol=0)
+
+
+def test_generation_dump_of_a_run_that_stops_early_is_cut_to_its_rows(tmp_path):
+    """A run that ends before max_tokens (EOS, a stop string): the arrays made for the most it could give are
+    cut to the rows it gave, the thumbnails (blocks of T) made again for T; a window past its end is cut."""
+    from minigen.generation.options import Options
+    from minigen.generation.steps import Run
+    from minigen.inspect.rundump import GenerationDump
+    model, tok = minigen.load(FIXTURES_DIR / "llama_gqa3")
+    ids = list(np.random.default_rng(2).integers(5, model.config.vocab_size, 90))   # thumbnails of 64 < T pixels
+    dumps = {}
+    for form, flags in [("full", {}), ("top", {"top_k": 4}), ("rows", {"queries": "85-120"})]:
+        run = Run(model, tok, ids, Options(max_tokens=6, temp=0, ignore_eos=True))
+        with GenerationDump(model, tok, tmp_path / f"{form}.npz", ids, 40, **flags) as d:
+            d.attach(run)
+            seen = []
+            run.on_step.append(lambda step: seen.append(step.attentions))
+            run.text()
+            assert seen == [None] * 6                                         # no step's maps are held
+            d.finish(verify=True)
+        dumps[form] = load_attention(tmp_path / f"{form}.npz")
+    T = 95
+    full = dumps["full"]["layers"]
+    assert len(dumps["full"]["token_ids"]) == T and full[0].shape == (9, T, T)
+    record = prompt_attention(model, dumps["full"]["token_ids"])
+    th = TL.Thumbs(sorted(full), 9, T)
+    SC.scan_maps(full, [th])
+    for n, l in enumerate(sorted(full)):
+        np.testing.assert_allclose(full[l], record[l], atol=1e-5, rtol=0)
+        top = dumps["top"]["layers"][l]
+        assert top["keys"].shape == (9, T, 4)
+        np.testing.assert_allclose(top["first"], full[l][:, :, 0], atol=1e-6)
+        np.testing.assert_allclose(top["thumbs"], th.plain[n], atol=2e-3)
+        np.testing.assert_allclose(top["thumbs_hidden"], th.hidden[n], atol=2e-3)
+    assert dumps["rows"]["queries"] == (85, T)
+    np.testing.assert_allclose(dumps["rows"]["layers"][1], full[1][:, 85:], atol=1e-6)
+
+
+def test_generation_top_keys_dump_makes_the_compact_page(tmp_path):
+    generated_dump(tmp_path, "llama_gqa3", "--attn-top-k", 2, n=3)
+    page = tmp_path / "g.html"
+    r = cli("attention", "--from", tmp_path / "g.npz", "--html", page)
+    assert r.exit_code == 0, r.output
+    assert page_data(page.read_text())["form"] == "compact"
+
+
+def test_generation_dump_over_its_budget_is_refused_before_the_forward(tmp_path, monkeypatch):
+    monkeypatch.setattr(D, "BUDGET", 200_000)     # bytes: gpt2's 128-token context's full maps of 2 x 4 heads: 264 kB
+    with monkeypatch.context() as m:
+        m.setattr(minigen.engine.model, "forward", lambda *a, **k: pytest.fail("a forward pass ran"))
+        r = cli("generate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "-n", 200, "--dump-attention", tmp_path / "d.npz")
+    assert r.exit_code == 1 and "Traceback" not in r.output and r.stdout == ""
+    assert re.search(r"the attention dump would take [\d.,]+ MiB \(2 layers x 4 heads x 128x128 float32\)", r.output)
+    assert "--attn-top-k 8" in r.output and not list(tmp_path.iterdir())
+    r = cli("generate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "-n", 200, "-q", "--dump-attention",
+            tmp_path / "d.npz", "--attn-top-k", 4)
+    assert r.exit_code == 0, r.output                                   # the compact form fits (172 kB)
+    assert load_attention(tmp_path / "d.npz")["layers"][0]["keys"].shape == (4, 128, 4)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--attn-top-k", 4], ["go with --dump-attention"]),
+    (["--attn-queries", "1-3"], ["go with --dump-attention"]),
+    (["--dump-attention", "x.npz", "--attn-top-k", 2, "--attn-queries", "1-2"], ["choose one"]),
+])
+def test_generation_dump_flags_that_do_not_go_together(flags, words):
+    r = cli("generate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "-n", 2, *flags)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert all(w in r.output for w in words), r.output
+
+
+def test_generation_window_past_the_runs_rows_is_refused_before_the_forward(tmp_path):
+    r = cli("generate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "-n", 2, "--dump-attention", tmp_path / "d.npz",
+            "--attn-queries", "500-600")
+    assert r.exit_code == 1 and "out of range" in r.output and "query rows" in r.output and r.stdout == ""
 
 
 # --- exact rows on demand -------------------------------------------------------------------------------

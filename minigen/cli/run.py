@@ -106,10 +106,15 @@ def run_options(name: str):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the checkpoint's chat template.")
 @click.option("--system", help="System message for --chat (implies --chat).")
 @click.option("--dump-attention", "dump_path", metavar="OUT.npz",
-              help="Save every attention weight of the run (prompt and generated rows) as .npz.")
+              help="Save the run's attention (prompt and generated rows) as .npz: every weight, or with "
+                   "--attn-top-k / --attn-queries each row's strongest keys / a window of rows.")
 @click.option("--attn-layers", metavar="0,5-7", help="Layers to dump (default all).")
 @click.option("--attn-heads", metavar="0-3", help="Heads to dump (default all).")
 @click.option("--attn-dtype", type=click.Choice(["float32", "float16"]), help="Dump dtype (default float32).")
+@click.option("--attn-top-k", type=click.IntRange(1, 1024), metavar="K",
+              help="Dump each row's first token and its K strongest other keys instead of every weight.")
+@click.option("--attn-queries", metavar="A-B",
+              help="Dump the full rows of queries A..B only (rows: the prompt's tokens, then each generated one).")
 @click.option("--attn-verify", is_flag=True, help="Recompute without the cache and check the dumped rows.")
 @click.option("--draft-model", "draft_path", metavar="PATH|ID",
               help="Speculative decoding with this small model drafting (it must share the model's tokenizer).")
@@ -238,12 +243,15 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
 def pop_dump_options(flags: dict) -> dict | None:
     """Take generate's --dump-attention flags out of `flags`; check the path before any work."""
     from ..files import check_target
-    dump = {k: flags.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_verify")}
+    dump = {k: flags.pop(k) for k in ("dump_path", "attn_layers", "attn_heads", "attn_dtype", "attn_top_k",
+                                      "attn_queries", "attn_verify")}
     if dump["dump_path"] is None:
         if any(v for k, v in dump.items() if k != "dump_path"):
-            raise click.UsageError("--attn-layers, --attn-heads, --attn-dtype and --attn-verify go with "
-                                   "--dump-attention")
+            raise click.UsageError("--attn-layers, --attn-heads, --attn-dtype, --attn-top-k, --attn-queries and "
+                                   "--attn-verify go with --dump-attention")
         return None
+    if dump["attn_top_k"] is not None and dump["attn_queries"] is not None:
+        raise click.UsageError("--attn-queries dumps full rows, --attn-top-k every row's strongest keys: choose one")
     if flags["max_tokens"] == 0:
         raise click.UsageError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
                                "for the prompt alone: minigen attention PROMPT --dump-attention OUT.npz")
@@ -252,23 +260,27 @@ def pop_dump_options(flags: dict) -> dict | None:
 
 
 def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dump: dict) -> int:
-    """print_run with the attention of every step collected; the file is written only if the run ends."""
-    from ..inspect.dump import GenerationDump
-    from ..inspect.internals import verify_dump
-    with GenerationDump.for_run(run, dump["dump_path"], dump["attn_layers"], dump["attn_heads"],
-                                dump["attn_dtype"]) as d:
-        run.on_step.append(d.on_step)
+    """print_run with the attention of every step streamed into the dump; the file is written only if the run ends."""
+    from ..inspect.rundump import GenerationDump
+    with GenerationDump.for_run(run, dump["dump_path"], dump["attn_layers"], dump["attn_heads"], dump["attn_dtype"],
+                                dump["attn_top_k"], dump["attn_queries"]) as d:
+        d.attach(run)
         code = print_run(run, load_seconds, quiet, verbose)
         if code != 0:
             click.echo("minigen: interrupted: no attention dump written", err=True)
             return code
-        out = d.finish()
+        out = d.finish(verify=dump["attn_verify"])
     T = len(out["token_ids"])
-    click.echo(f"attention: wrote {out['path']} ({len(d.layers)} layers x {len(d.heads)} heads x {T}x{T} "
-               f"{d.dtype.name}, lower triangles; prompt {len(run.prompt)} tokens)", err=True)
-    if dump["attn_verify"]:
-        err = verify_dump(run.model, out["token_ids"], out["matrices"], d.heads, d.dtype)
-        click.echo(f"attention verify: all {T} rows match an uncached recomputation (max |diff| {err:.1e})", err=True)
+    if out["form"] == "rows":
+        what = f"full rows of queries {out['queries'][0]}-{out['queries'][1] - 1} of {T}"
+    else:
+        what = f"{T} rows, each row's top {d.form.top_k} keys" if out["form"] == "top" else \
+            f"{T}x{T} {d.form.dtype.name}, lower triangles"
+    click.echo(f"attention: wrote {out['path']} ({len(d.layers)} layers x {len(d.heads)} heads x {what}; "
+               f"prompt {len(run.prompt)} tokens)", err=True)
+    if out["verify"] is not None:
+        click.echo(f"attention verify: all {T} rows match an uncached recomputation (max |diff| {out['verify']:.1e})",
+                   err=True)
     return 0
 
 

@@ -119,6 +119,10 @@ class Sequence:
         self.sampler, self.processors, self.rng = sampling_pipeline(o)
         self.eos = frozenset(() if o.ignore_eos else eos_token_ids(model))
         self.generated = 0
+        # a record that every forward of this sequence takes in place of per-step lists (with record_attention):
+        # the engine's streaming protocol (append(None) for a layer without attention, block(layer, row, weights,
+        # plogp) a few query rows at a time), so no step's maps are held; Steps' `attentions` are then None
+        self.record = None
 
     def feed(self, drafts: Ids[int] = ()) -> list[int]:
         """The ids the next forward takes (with `drafts` after them, if any): the pending ones, from as far

@@ -36,8 +36,9 @@ def decode(seq: Sequence) -> Iterator[Step]:
     if seq.options.max_tokens == 0:
         return
     while True:
-        start, record = time.perf_counter(), [] if seq.options.record_attention else None
-        logits = seq.model.forward(seq.feed(), seq.cache, last_only=True, record=record)[0]   # (V,)
+        start, record = time.perf_counter(), [] if seq.options.record_attention and seq.record is None else None
+        logits = seq.model.forward(seq.feed(), seq.cache, last_only=True,
+                                   record=seq.record if record is None else record)[0]   # (V,)
         if not seq.generated:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
             checkpoint(seq.cache)
         step = seq.step(logits, attentions=record)

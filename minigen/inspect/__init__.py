@@ -2,7 +2,8 @@
 (ablation, activation patching, the logit lens, direct logit attribution).
 
     args.py       the commands' arguments: layers, heads, positions, tokens, each checked with its flag
-    dump.py       the .npz forms (full, top keys, rows): size budget, assembly from per-step records, load_attention
+    dump.py       the .npz forms (full, top keys, rows): size budget, each form's consumer and arrays, load_attention
+    rundump.py    generate --dump-attention: a run's prompt and generated rows streamed into one of those forms
     stats.py      census statistics, detectors (induction, duplicate-token), sink-aware views, on plain arrays
     scan.py       a prompt's attention a few query rows at a time from the forward's own blocks (no map held)
     tiles.py      what is kept of each tile: the census's per-row numbers, top keys, thumbnails, full maps

@@ -6,6 +6,7 @@ dump) in one place, each error naming its flag. Every inspection command resolve
     expert_items("3.5,0.*", cfg, "--expert")          -> [(3, 5), (0, 0), (0, 1), ...]: routed experts
     index(-1, n, "layer", "--heads")                  -> n - 1: negative indices count from the end
     layer_head(cfg, layer, head)                      the --layer/--head pair of one head
+    query_window("4000-4095", T)                      -> (4000, 4096): one window of query rows (--attn-queries)
     position(tokens, "-1" | "cat", "--token")         -> a position in the prompt
     vocab_token(tok, " Paris" | "#42", "--target", V) -> a token id
 """
@@ -42,6 +43,20 @@ def selection(text: str | None, n: int, what: str, flag: str) -> list[int]:
             if j not in out:
                 out.append(j)
     return sorted(out)
+
+
+def query_window(text: str, T: int) -> tuple[int, int]:
+    """--attn-queries A-B (or one query A): rows A..B of T, as (A, B + 1)."""
+    try:
+        picked = selection(text, T, "query", "--attn-queries")
+    except MinigenError as e:
+        if "out of range" not in str(e):
+            raise
+        raise MinigenError(f"--attn-queries {text!r}: out of range (there are {T} query rows: 0-{T - 1})") from None
+    a, b = picked[0], picked[-1] + 1
+    if picked != list(range(a, b)):
+        raise MinigenError(f"--attn-queries {text!r}: one window of queries, like 4000-4095")
+    return a, b
 
 
 def head_items(text: str, cfg, flag: str = "--heads") -> list[tuple[int, int]]:

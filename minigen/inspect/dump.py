@@ -9,7 +9,7 @@
       a = np.zeros((n_heads, T, T), np.float32); a[:, i, j] = z["attention_tril_5"]   # layer 5, (H, T, T)
 
   (Deflating the triangle saved ~6 % on a real 400-token dump and took ~4 s, so it is stored plain.)
-- "top" (`minigen attention --attn-top-k K`): per kept layer and query row the first token's share and
+- "top" (`--attn-top-k K`): per kept layer and query row the first token's share and
   the K strongest other keys, for prompts whose full maps would not fit: `attention_top_keys_{l}` int32
   (n_heads_kept, T, K), largest weight first (-1 past a row's last key with weight > 0),
   `attention_top_weights_{l}` (n_heads_kept, T, K), `attention_first_{l}` and `attention_rest_{l}`
@@ -19,8 +19,9 @@
 - "rows" (`--attn-queries A-B`): `attention_rows_{l}` (n_heads_kept, B - A + 1, B + 1): the full rows of
   queries A..B over keys 0..B (zeros past each row's own position); meta["queries"] = [A, B + 1].
 
-The prompt's rows come from the prefill, each generated token's row from its cached decode step; the last
-generated token is never fed back, so it has no row. Plus `token_ids` (T,), `prompt_length`, and `meta`
+The attention command dumps a prompt's rows; generate (rundump.py) the prompt's from the prefill and each
+generated token's row from its cached decode step, in any of the three forms; the last generated token is
+never fed back, so it has no row. Plus `token_ids` (T,), `prompt_length`, and `meta`
 (a JSON string). Dumps of the first format (v1) held the full squares as `attention_{l}` (H, T, T);
 `load_attention` reads them all. The file is written through files.OutputFile, so an interrupted run leaves
 nothing behind.
@@ -31,13 +32,15 @@ import json
 import os
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MinigenError
 from ..files import OutputFile, what_is_at
-from .args import attention_selection, selection
+from . import tiles as TL
+from .args import query_window
 
 BUDGET = 2**30  # bytes: dumps above this are refused before running
 NOTE = ("rows are queries, columns keys; attention_tril_{l} holds each head's lower triangle in np.tril_indices(T) "
@@ -89,6 +92,62 @@ def check_budget(n_layers: int, n_heads: int, T: int, dtype, budget: int | None 
             f"{what} {np.dtype(dtype).name}), over the {budget / 2**30:g} GiB budget; keep less with "
             f"--attn-layers 0,5-7, --attn-heads 0-3, --attn-dtype float16{more}, or fewer tokens")
     return size
+
+
+# --- a form's consumers and arrays (the attention command's dump and generate's) ---------------------------
+
+@dataclass(frozen=True)
+class Form:
+    """The dump a run's flags ask for: "full", "top" (`top_k` keys a row) or "rows" (`window` (A, B + 1))."""
+    name: str = "full"
+    dtype: np.dtype = np.dtype(np.float32)
+    top_k: int = 0
+    window: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, rows: int, dtype: str | None = None, top_k: int | None = None, queries: str | None = None) -> "Form":
+        """From --attn-dtype, --attn-top-k and --attn-queries, the window checked against `rows` query rows."""
+        if top_k is not None and queries is not None:
+            raise MinigenError("--attn-queries dumps full rows, --attn-top-k every row's strongest keys: choose one")
+        dt = parse_dtype(dtype)
+        if top_k is not None:
+            return cls("top", dt, top_k)
+        return cls("rows", dt, window=query_window(queries, rows)) if queries is not None else cls("full", dt)
+
+    def size(self, n_layers: int, n_heads: int, T: int, budget: int | None = None) -> int:
+        """The dump's bytes, refused over the budget (check_budget)."""
+        return check_budget(n_layers, n_heads, T, self.dtype, budget, self.name, self.top_k, self.window)
+
+    def consumer(self, layers: list[int], n_heads: int, T: int):
+        """What a scan's tiles go to for this form (tiles.py); a top-keys dump also needs a Thumbs."""
+        if self.name == "top":
+            return TL.TopKeys(layers, n_heads, T, self.top_k)
+        if self.name == "rows":
+            a, b = self.window
+            return TL.Window(layers, n_heads, a, min(b, T), dtype=self.dtype)
+        return TL.Triangles(layers, n_heads, T, self.dtype)
+
+    def extra_meta(self) -> dict:
+        return {"queries": list(self.window)} if self.name == "rows" else {"top_k": self.top_k} if self.name == "top" else {}
+
+    def arrays(self, layers: list[int], consumer, thumbs=None, T: int | None = None) -> dict[str, np.ndarray]:
+        """The .npz arrays of what `consumer` kept, cut to the first T rows (a run that stopped early) when
+        T is given; `thumbs` (a tiles.Thumbs made for those T rows) for a top-keys dump."""
+        if self.name == "full":
+            n = None if T is None else T * (T + 1) // 2
+            return {f"attention_tril_{l}": t[:, :n] for l, t in consumer.tri.items()}
+        if self.name == "rows":
+            a, b = self.window
+            b = b if T is None else min(b, T)
+            return {f"attention_rows_{l}": r[:, :b - a, :b] for l, r in consumer.rows.items()}
+        rest, out, dt = consumer.rest(), {}, self.dtype
+        for n, l in enumerate(layers):
+            out.update({f"attention_top_keys_{l}": consumer.keys[n, :, :T],
+                        f"attention_top_weights_{l}": consumer.weights[n, :, :T].astype(dt),
+                        f"attention_first_{l}": consumer.first[n, :, :T].astype(dt),
+                        f"attention_rest_{l}": rest[n, :, :T].astype(dt),
+                        f"attention_thumbs_{l}": np.stack([thumbs.plain[n], thumbs.hidden[n]]).astype(np.float16)})
+        return out
 
 
 class Recorder:
@@ -262,59 +321,3 @@ def _square(a: np.ndarray, key: str, T: int) -> np.ndarray:
     out = np.zeros((a.shape[0], T, T), np.float32)
     out[:, i, j] = a
     return out
-
-
-class GenerationDump:
-    """--dump-attention during generation: checks the path and the size before the run, collects each
-    Step's attention (`on_step`, a generation.steps.Run callback), writes the file when `finish` is called.
-
-    with GenerationDump(model, tokenizer, path, prompt_ids, max_tokens, layers=..., heads=..., dtype=...) as dump:
-        run.on_step.append(dump.on_step); ...; dump.finish()
-    Leaving the block without finish() (an error, Ctrl-C) leaves no file behind.
-    """
-
-    def __init__(self, model, tokenizer, path, prompt_ids, max_tokens: int, layers: str | None = None,
-                 heads: str | None = None, dtype: str | None = None, budget: int | None = None):
-        c = model.config
-        if max_tokens < 1:
-            raise MinigenError("--dump-attention needs at least one generated token (-n 0 runs no forward pass); "
-                               "for the prompt's attention alone use: minigen attention PROMPT --dump-attention OUT.npz")
-        self.model, self.tokenizer, self.prompt = model, tokenizer, [int(i) for i in prompt_ids]
-        self.layers = attention_selection(layers, c)
-        self.heads = selection(heads, c.n_heads, "head", "--attn-heads")
-        self.dtype = parse_dtype(dtype)
-        rows = len(self.prompt) + max(max_tokens - 1, 0)    # the last token gets no row
-        self.size = check_budget(len(self.layers), len(self.heads), rows, self.dtype, budget)
-        self.file = DumpFile(path)
-        self.recorder = Recorder(self.layers, self.heads, rows, self.dtype)
-        self.generated: list[int] = []
-
-    @classmethod
-    def for_run(cls, run, path, layers: str | None = None, heads: str | None = None, dtype: str | None = None):
-        """For a generation.Run: room for the rows it can make (max_tokens, or what the context leaves)."""
-        o = run.options
-        return cls(run.model, run.tokenizer, path, run.prompt, min(o.max_tokens, o.max_context - len(run.prompt) + 1),
-                   layers, heads, dtype)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self.file.__exit__(*exc)
-
-    def on_step(self, step):
-        self.recorder.add(step.attentions)
-        self.generated.append(int(step.token))
-
-    def finish(self) -> dict:
-        """Write the file; returns what was written (token_ids, matrices, meta)."""
-        ids = self.prompt + self.generated[:-1]
-        strings = self.tokenizer.token_strings(ids)
-        final = None
-        if self.generated:
-            last = self.generated[-1]
-            final = (last, self.tokenizer.token_strings([last])[0])
-        meta = make_meta(self.model, strings, self.layers, self.heads, self.dtype, final, "generate")
-        mats = self.recorder.matrices()
-        self.file.write(mats, ids, len(self.prompt), meta)
-        return {"token_ids": ids, "matrices": mats, "meta": meta, "path": self.file.path}

@@ -385,24 +385,13 @@ class AttentionAsk:
 
     def _dump_consumers(self, plan: Plan, src: Source):
         T, Lk, Hk = len(src.tokens), len(src.layers), len(src.heads)
-        dt = D.parse_dtype(self.attn_dtype)
-        if self.attn_top_k is not None:
-            form, K, window = "top", self.attn_top_k, None
-        elif self.attn_queries is not None:
-            a, b = query_window(self.attn_queries, T)
-            form, K, window = "rows", 0, (a, b)
-        else:
-            form, K, window = "full", 0, None
-        plan.need["dump"] = D.check_budget(Lk, Hk, T, dt, form=form, top_k=K, queries=window)
-        if form == "top":
-            plan.add("dump", TL.TopKeys(src.layers, Hk, T, K))
+        form = D.Form.of(T, self.attn_dtype, self.attn_top_k, self.attn_queries)
+        plan.need["dump"] = form.size(Lk, Hk, T)
+        plan.add("dump", form.consumer(src.layers, Hk, T))
+        if form.name == "top":
             self._thumbs(plan, src)
-            plan.need["dump"] += Lk * Hk * T * K * 8
-        elif form == "rows":
-            plan.add("dump", TL.Window(src.layers, Hk, *window, dtype=dt))
-        else:
-            plan.add("dump", TL.Triangles(src.layers, Hk, T, dt))
-        plan.parts["dump form"] = (form, dt, window)
+            plan.need["dump"] += Lk * Hk * T * form.top_k * 8
+        plan.parts["dump form"] = form
 
     def _page_consumers(self, plan: Plan, src: Source):
         T, Lk, Hk = len(src.tokens), len(src.layers), len(src.heads)
@@ -443,33 +432,12 @@ class AttentionAsk:
         return top_keys_result(src, self.layer, self.head, i, row, self.top_k, view)
 
 
-def query_window(text: str, T: int) -> tuple[int, int]:
-    """--attn-queries A-B (or one query A): rows A..B of the prompt's T, as (A, B + 1)."""
-    picked = selection(text, T, "query", "--attn-queries")
-    a, b = picked[0], picked[-1] + 1
-    if picked != list(range(a, b)):
-        raise MinigenError(f"--attn-queries {text!r}: one window of queries, like 4000-4095")
-    return a, b
-
-
 def write_dump(src: Source, plan: Plan, out: D.DumpFile) -> dict:
-    form, dt, window = plan.parts["dump form"]
-    consumer = plan.parts["dump"]
-    extra = {"queries": list(window)} if form == "rows" else {"top_k": consumer.K} if form == "top" else {}
-    meta = D.make_meta(src.model, src.tokens, src.layers, src.heads, dt, None, "attention", form, **extra)
-    if form == "full":
-        arrays = {f"attention_tril_{l}": t for l, t in consumer.tri.items()}
-    elif form == "rows":
-        arrays = {f"attention_rows_{l}": r for l, r in consumer.rows.items()}
-    else:
-        th, arrays = plan.parts["thumbs"], {}
-        rest = consumer.rest()
-        for n, l in enumerate(src.layers):
-            arrays.update({f"attention_top_keys_{l}": consumer.keys[n], f"attention_top_weights_{l}": consumer.weights[n].astype(dt),
-                           f"attention_first_{l}": consumer.first[n].astype(dt), f"attention_rest_{l}": rest[n].astype(dt),
-                           f"attention_thumbs_{l}": np.stack([th.plain[n], th.hidden[n]]).astype(np.float16)})
-    out.write_arrays(arrays, src.ids, len(src.ids), meta)
-    return {"path": str(out.path), "form": form, "layers": len(src.layers), "heads": len(src.heads),
+    form = plan.parts["dump form"]
+    meta = D.make_meta(src.model, src.tokens, src.layers, src.heads, form.dtype, None, "attention", form.name,
+                       **form.extra_meta())
+    out.write_arrays(form.arrays(src.layers, plan.parts["dump"], plan.parts.get("thumbs")), src.ids, len(src.ids), meta)
+    return {"path": str(out.path), "form": form.name, "layers": len(src.layers), "heads": len(src.heads),
             "tokens": len(src.tokens)}
 
 

@@ -181,6 +181,8 @@ class Tap(Hooks):
             return
         if self.select is not None:
             w, plogp = w[self.select], plogp[self.select]
+        start = w.shape[-1] - w.shape[1]   # the rows' position: `start` counts from the forward's first row, which
+        # is a decode step's offset (generation's dumps), and a tile's rows end at its last key (S = start + t)
         feed(Tile(layer, start, w, plogp), self.plain, self.view, self.norms.get(layer) if self.weighted else None)
 
     @property

@@ -178,6 +178,9 @@ def top_exact(w: np.ndarray, K: int):
     (keys (Hk, t, K) int32 padded with -1, weights (Hk, t, K) float32)."""
     rest = w[:, :, 1:]
     m = rest.shape[-1]
+    C = max(CHUNKS, 2 * K)
+    if m >= 4 * C:
+        return _top_of_candidates(np.ascontiguousarray(w), K, C)
     if m > K:
         idx = np.argpartition(-rest, K - 1, axis=-1)[..., :K]              # (Hk, t, K), unordered
     else:
@@ -186,6 +189,35 @@ def top_exact(w: np.ndarray, K: int):
     order = np.lexsort((idx, -vals), axis=-1)
     idx, vals = np.take_along_axis(idx, order, -1), np.take_along_axis(vals, order, -1)
     return _padded(np.where(vals > 0, idx + 1, -1), np.where(vals > 0, vals, 0), K)
+
+
+CHUNKS = 64   # top_exact on long rows: the maxima of this many interleaved chunks of keys bound each row's K-th
+
+
+def _top_of_candidates(w: np.ndarray, K: int, C: int):
+    """top_exact on rows of m >= 4C keys, ~4x faster than argpartition at 4,000 keys: the maxima of C disjoint
+    sets of keys (keys j, j + C, j + 2C, ...: elementwise maxima of contiguous runs) are C distinct weights, so
+    a row's K-th largest weight is at least their K-th largest, tau; only the keys at or above tau (and
+    above 0), a few per row, are sorted, by weight then key."""
+    Hk, t, S = w.shape
+    m = S - 1
+    q = m // C
+    maxima = w[:, :, 1:1 + C * q].reshape(Hk, t, q, C).max(axis=-2)        # (Hk, t, C)
+    tau = np.partition(maxima, C - K, axis=-1)[..., C - K]                  # (Hk, t)
+    tau = np.maximum(tau, np.float32(np.finfo(np.float32).smallest_subnormal))   # only weights > 0 are listed
+    flat = np.flatnonzero(w[:, :, 1:] >= tau[..., None])                   # by (head, row), then key
+    row, key = flat // m, flat % m + 1                                       # key: among 0..S-1
+    vals = w.reshape(-1)[row * S + key]
+    # by row, then weight descending: a weight > 0's float32 bits, as an integer, grow with it; the sort is
+    # stable, so equal weights keep their key order
+    order = np.argsort((row << 31) | (0x7FFFFFFF - vals.view(np.int32)).astype(np.int64), kind="stable")
+    row, key, vals = row[order], key[order], vals[order]
+    rank = np.arange(len(row)) - np.searchsorted(row, row, side="left")     # place within its row
+    keep = rank < K
+    keys = np.full((Hk * t, K), -1, np.int32)
+    weights = np.zeros((Hk * t, K), np.float32)
+    keys[row[keep], rank[keep]], weights[row[keep], rank[keep]] = key[keep], vals[keep]
+    return keys.reshape(Hk, t, K), weights.reshape(Hk, t, K)
 
 
 class StrongKeys(PerLayer):
