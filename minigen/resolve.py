@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .checkpoint.config import load_config, parse_generation_config
 from .checkpoint.families import FAMILIES
+from .checkpoint.stored import check_quantize, quantized
 from .checkpoint.weights import load_params
 from .engine.model import Model
 from .engine.parallel import release_free_heap
@@ -50,24 +51,31 @@ class Resolved:
     origin: str    # one line for `minigen info`: where it came from
 
 
-def load(spec: str | PathLike) -> tuple[Model, Tokenizer]:
+def load(spec: str | PathLike, dtype: str | None = None, quantize: str | None = None) -> tuple[Model, Tokenizer]:
     """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id; MinigenError naming the
     file at fault. (The default model: `load(gguf.default_model.default_model_path())`.) A GGUF's first
-    conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it."""
+    conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it.
+    Weights are kept as stored (float16 and bfloat16 matrices in 16 bits) unless dtype="float32";
+    quantize="Q8_0" (Q4_0, Q4_K, ...: checkpoint/stored.py) quantizes the matrices at load."""
     if not isinstance(spec, (str, PathLike)):
         raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "
                            f"a path), got {type(spec).__name__}")
     path = resolve(spec).path
     tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
     release_free_heap()  # what the tokenizer's JSON parse left in malloc's heap: ~16 MB for the default model
-    return load_model(path), tokenizer
+    return load_model(path, dtype, quantize), tokenizer
 
 
-def load_model(path: str | Path) -> Model:
-    """The Model alone, from a checkpoint directory: config, float32 weights, generation config."""
+def load_model(path: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:
+    """The Model alone, from a checkpoint directory: config, weights (as stored, or float32 with
+    dtype="float32", or quantized to `quantize` at load), generation config."""
+    quantize = check_quantize(quantize)
     path = checkpoint_dir(path)
     cfg = load_config(path)
-    params = load_params(path, cfg, FAMILIES[cfg.model_type])
+    params = load_params(path, cfg, FAMILIES[cfg.model_type], "float32" if quantize else dtype)
+    if quantize:
+        params = quantized(params, quantize)
+        release_free_heap()   # the float32 matrices the quantized ones replace
     return Model(cfg, params, generation_config(path), path)
 
 

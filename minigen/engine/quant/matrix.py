@@ -18,6 +18,7 @@ Experts (E, out, in) are a list of StoredMatrix, one per expert (`stack`), each 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +34,8 @@ try:   # numba is optional: without it the NumPy path below computes the same pr
 except ImportError:   # pragma: no cover - the CI environment has numba
     int8 = kernels = None
 
-HAVE_KERNELS = kernels is not None
+# MINIGEN_KERNELS=0 forces the NumPy reference path (float32 chunks and OpenBLAS) even where numba is installed
+HAVE_KERNELS = kernels is not None and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
 TILE, GROUP = 64, 32
 BLAS_ROWS = 64     # from this many rows on, products go through float32 chunks and OpenBLAS (measured: bench_kernels.py)
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
@@ -96,6 +98,30 @@ class StoredMatrix:
     @property
     def nbytes(self) -> int:
         return self.tiles.nbytes
+
+    @property
+    def size(self) -> int:
+        """How many weights (out x in), as an array's size."""
+        return self.shape[0] * self.shape[1]
+
+    ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> "StoredMatrix":
+        """Rows lo..hi of the outputs, a StoredMatrix: a view of the tiles when lo is a multiple of 64 and
+        hi is one or the end (Qwen3.5's q/k/v and gate rows of wqkv with head_dim 64, 128, 256), else a copy
+        re-tiled from the file's bytes of those rows."""
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("a StoredMatrix takes a slice of rows (for single rows: .rows(ids))")
+        lo, hi, _ = rows.indices(self.shape[0])
+        hi = max(lo, hi)
+        if (lo, hi) == (0, self.shape[0]):
+            return self
+        if lo % TILE == 0 and (hi % TILE == 0 or hi == self.shape[0]):
+            return StoredMatrix(self.type, (hi - lo, self.shape[1]), self.tiles[lo // TILE:-(-hi // TILE)], self.name)
+        return StoredMatrix.from_bytes(self.raw(slice(lo, hi)), self.type, (hi - lo, self.shape[1]), self.name)
 
     @property
     def groups(self) -> int:
