@@ -73,7 +73,7 @@ def dequantized(params: dict) -> dict:
 
 
 def stored_types(params: dict) -> dict[str, tuple[int, int]]:
-    """{type: (matrices, bytes)} of the params' weights, "F32" counting float32 matrices (2-D and up):
+    """{type: (matrices, bytes)} of the params' weights, "float32" counting float32 arrays (2-D and up):
     what `minigen info` reports. Each array or matrix once (a tied embedding is one)."""
     seen, counts = set(), {}
     layers = params.get("layers", [])
@@ -82,7 +82,7 @@ def stored_types(params: dict) -> dict[str, tuple[int, int]]:
             if id(m) in seen or not (isinstance(m, StoredMatrix) or getattr(m, "ndim", 0) >= 2):
                 continue
             seen.add(id(m))
-            t = m.type if isinstance(m, StoredMatrix) else "F32"
+            t = m.type if isinstance(m, StoredMatrix) else "float32"
             n, b = counts.get(t, (0, 0))
             counts[t] = (n + 1, b + int(m.nbytes))
     return counts

@@ -1,0 +1,88 @@
+"""A GGUF run as stored (gguf/direct.py): on every committed GGUF fixture (llama.cpp's converter and quantizer
+made them), the model built straight from the file, its matrices kept in the file's types, gives the logits of
+the float32 checkpoint `minigen convert` makes of the same file (to 1e-4 of their scale) and the same greedy
+tokens; a type the kernels do not run is refused naming the tensor and the type."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import minigen
+from conftest import FIXTURES_DIR, greedy
+from minigen.checkpoint.stored import stored_types
+from minigen.engine.quant import StoredMatrix
+from minigen.errors import MinigenError
+from minigen.gguf.convert import convert_gguf
+from minigen.resolve import load_gguf, load_model
+
+GGUF = FIXTURES_DIR / "gguf"
+NAMES = sorted(k for k in json.loads((GGUF / "archs.json").read_text(encoding="utf-8")) if not k.startswith("_"))
+PROMPT = np.array([1, 5, 9, 2, 7, 3, 11, 4, 6, 8, 10, 12])
+
+
+@pytest.fixture(autouse=True)
+def weights_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path / "weights"))   # the files directories go there
+
+
+def close(a, b, tol=1e-4):
+    scale = float(np.abs(b).max())
+    assert float(np.abs(a - b).max()) <= tol * scale, (float(np.abs(a - b).max()), scale)
+
+
+def converted(name, tmp_path):
+    convert_gguf(GGUF / f"{name}.gguf", tmp_path / name, progress=False)
+    return load_model(tmp_path / name, dtype="float32")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "quants"])
+def test_direct_gguf_equals_the_converted_float32_model(name, tmp_path):
+    direct, ref = load_gguf(GGUF / f"{name}.gguf"), converted(name, tmp_path)
+    assert direct.config == ref.config
+    close(direct.logits(PROMPT), ref.logits(PROMPT))
+    assert greedy(direct, PROMPT, 6)[0] == greedy(ref, PROMPT, 6)[0]
+    assert direct.n_params == ref.n_params
+
+
+def test_direct_keeps_quantized_matrices_stored():
+    model = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    assert "Q8_0" in stored_types(model.params)
+    assert any(isinstance(v, StoredMatrix) and v.type == "Q8_0" for layer in model.params["layers"] for v in layer.values())
+
+
+def test_a_type_minigen_does_not_run_is_refused_naming_it(tmp_path):
+    with pytest.raises(MinigenError, match=r"quants\.gguf: tensor blk\.\d+\.\w+\.weight: GGUF type (IQ|TQ|Q2_K|Q3_K|MXFP4)\S* "
+                                           r"is not one minigen runs .*--dtype float32"):
+        load_gguf(GGUF / "quants.gguf")
+    close(load_gguf(GGUF / "quants.gguf", dtype="float32").logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))
+
+
+def test_load_of_a_gguf_runs_it_as_stored_with_its_tokenizer(tmp_path):
+    model, tok = minigen.load(GGUF / "llama.gguf")
+    assert model.path == GGUF / "llama.gguf" and "F16" in stored_types(model.params)
+    ref_model, ref_tok = minigen.load(tmp_path / "llama") if convert_gguf(GGUF / "llama.gguf", tmp_path / "llama",
+                                                                           progress=False) else None
+    assert tok.encode("The cat sat") == ref_tok.encode("The cat sat")
+    assert len(list((tmp_path / "weights" / "gguf").iterdir())) == 1   # the files directory: no weights in it
+    assert not list((tmp_path / "weights" / "gguf").glob("*/model.safetensors"))
+    q = minigen.load(GGUF / "llama.gguf", quantize="Q8_0")[0]
+    assert set(stored_types(q.params)) <= {"Q8_0", "float32"}
+
+
+def test_info_says_which_path_and_types(tmp_path):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    r = CliRunner().invoke(main, ["info", "--model", str(GGUF / "granitemoehybrid_q8_0.gguf")])
+    assert r.exit_code == 0, r.output
+    assert "run as stored" in r.stdout and "Q8_0 13 (" in r.stdout and "F16 4 (" in r.stdout
+    assert "products:" in r.stdout and "kernels (numba)" in r.stdout
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q4_0"])
+    assert r.exit_code == 0 and "Q4_0" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--dtype", "float32"])
+    assert r.exit_code == 0 and "products:          OpenBLAS (float32)" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q9"])
+    assert r.exit_code == 1 and r.stderr.strip().splitlines() == [
+        "minigen: error: --quantize Q9: not a type minigen quantizes to (one of F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+        "Q5_1, Q4_K)"]
