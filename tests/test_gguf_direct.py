@@ -86,3 +86,15 @@ def test_info_says_which_path_and_types(tmp_path):
     assert r.exit_code == 1 and r.stderr.strip().splitlines() == [
         "minigen: error: --quantize Q9: not a type minigen quantizes to (one of F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
         "Q5_1, Q4_K)"]
+
+
+def test_without_kernels_a_gguf_loads_as_float32(monkeypatch, tmp_path):
+    """MINIGEN_KERNELS=0 (or no numba): nothing kept stored (each product would dequantize again), the same logits."""
+    from minigen.engine.quant import matrix
+    stored = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    monkeypatch.setattr(matrix, "HAVE_KERNELS", False)
+    plain = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    assert set(stored_types(plain.params)) == {"float32"}
+    close(plain.logits(PROMPT), stored.logits(PROMPT))
+    q = load_model(FIXTURES_DIR / "llama_bf16", quantize="Q8_0")
+    assert set(stored_types(q.params)) == {"float32"}   # the quantized values, as float32

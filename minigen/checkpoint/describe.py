@@ -49,13 +49,18 @@ def weight_rows(model) -> list[tuple[str, str]]:
     held = "; ".join(f"{t} {n} ({b / 1e6:,.1f} MB)" for t, (n, b) in sorted(types.items(), key=lambda kv: -kv[1][1]))
     kept = set(types) - {"float32"}
     if not kept:
-        path = "OpenBLAS (float32)"
-    elif quant.HAVE_KERNELS:
+        path = "OpenBLAS (float32)" + ("" if quant.kernels_on() else
+                                        f" (without minigen's kernels, {_why_not()}: stored types are "
+                                        f"dequantized at load)")
+    elif quant.kernels_on():
         path = f"{', '.join(sorted(kept))}: minigen's kernels (numba); float32: OpenBLAS"
     else:
-        path = f"NumPy: {', '.join(sorted(kept))} dequantized to float32 a chunk at a time, then OpenBLAS " \
-               f"({'MINIGEN_KERNELS=0' if quant.matrix.kernels is not None else 'numba is not installed'})"
+        path = f"NumPy: {', '.join(sorted(kept))} dequantized to float32 a chunk at a time, then OpenBLAS ({_why_not()})"
     return [("matrices", held), ("products", path)]
+
+
+def _why_not() -> str:
+    return "MINIGEN_KERNELS=0" if quant.matrix.kernels is not None else "numba is not installed"
 
 
 def mixer_rows(c) -> list[tuple[str, str]]:

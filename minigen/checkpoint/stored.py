@@ -12,8 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.linear import dense
-from ..engine.quant import FORMATS, QUANTIZERS, StoredMatrix, stack
+from ..engine.quant import FORMATS, QUANTIZERS, StoredMatrix, kernels_on, stack
 from ..errors import MinigenError
+from .weights import column_major, column_major_for
+
+
+def laid_out(w: np.ndarray) -> np.ndarray:
+    """A float32 matrix in the layout weights.py gives a loaded one (column-major unless wide)."""
+    return column_major(w) if column_major_for(w.shape) else np.ascontiguousarray(w)
 
 QUANTIZE_TYPES = tuple(t for t in QUANTIZERS if t != "F32")   # Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, F16, BF16
 KEPT = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
@@ -48,7 +54,7 @@ def quantized(params: dict, type: str) -> dict:
 
     out = {k: one(k, v) for k, v in params.items() if k != "layers"}
     out["layers"] = [{k: one(k, v) for k, v in layer.items()} for layer in params["layers"]]
-    return out
+    return out if kernels_on() else dequantized(out)   # without the kernels: the quantized values in float32
 
 
 def _quantize(w: np.ndarray, type: str, name: str):
@@ -64,7 +70,7 @@ def _quantize(w: np.ndarray, type: str, name: str):
 
 def dequantized(params: dict) -> dict:
     """params with every StoredMatrix (and list of them) as float32: the model a stored one must equal."""
-    cast = lambda v: dense(v) if isinstance(v, (StoredMatrix, list)) else v  # noqa: E731
+    cast = lambda v: laid_out(dense(v)) if isinstance(v, (StoredMatrix, list)) else v  # noqa: E731
     out = {k: cast(v) for k, v in params.items() if k != "layers"}
     out["layers"] = [{k: cast(v) for k, v in layer.items()} for layer in params["layers"]]
     if params.get("lm_head") is params.get("embed"):

@@ -30,7 +30,7 @@ import numpy as np
 from ..engine import parallel
 from ..engine.config import Config
 from ..engine.linear import dense
-from ..engine.quant import StoredMatrix, stack
+from ..engine.quant import StoredMatrix, kernels_on, stack
 from .families import WRAPPERS
 from .fixes import FIXES
 from ..errors import MinigenError, short
@@ -464,7 +464,7 @@ def load_params(path: Path, cfg: Config, family, dtype: str | None = None) -> di
         raise MinigenError(f"--dtype {dtype}: minigen loads a checkpoint as stored or as float32 (--dtype float32)")
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
     tied = "lm_head" not in glob   # the embedding doubles as the output projection: one array, laid out as it
-    keep = dtype is None
+    keep = dtype is None and kernels_on()
     params = {k: _load(s, cfg, family, k, k in MATRICES or (tied and k == "embed"), keep) for k, s in glob.items()}
     if tied:
         params["lm_head"] = params["embed"]

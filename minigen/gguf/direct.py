@@ -27,7 +27,7 @@ import numpy as np
 from ..checkpoint.families import FAMILIES
 from ..checkpoint.fixes import FIXES
 from ..checkpoint.weights import (MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled)
-from ..engine.quant import RUNS, StoredMatrix, refuse_type, stack
+from ..engine.quant import RUNS, StoredMatrix, kernels_on, refuse_type, stack
 from ..errors import MinigenError
 from .convert import Plan, _dequantise, _Tensor
 
@@ -47,7 +47,8 @@ def gguf_params(plan: Plan, dtype: str | None = None) -> dict:
     by_name = {t.name: t for t in plan.tensors}
     refs = {t.name: TensorRef(t.name, plan.source, "F32", t.shape, 0, 0, 0) for t in plan.tensors}
     glob, layers = resolve(cfg, family, refs, plan.source)
-    load = lambda key, src: _tensor(plan, family, key, src, [by_name[r.name] for r in src.refs], dtype is None)  # noqa: E731
+    keep = dtype is None and kernels_on()   # without the kernels: every tensor float32, dequantized once here
+    load = lambda key, src: _tensor(plan, family, key, src, [by_name[r.name] for r in src.refs], keep)  # noqa: E731
     params = {k: load(k, s) for k, s in glob.items()}
     if "lm_head" not in glob:
         params["lm_head"] = params["embed"] if isinstance(params["embed"], StoredMatrix) else column_major(params["embed"])

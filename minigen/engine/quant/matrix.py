@@ -172,17 +172,19 @@ class StoredMatrix:
 
     # --- the product ---------------------------------------------------------------------------------------
 
-    def times(self, x: np.ndarray) -> np.ndarray:
-        """x (N, in) float32 -> (N, out) = x @ self.dequantize().T."""
+    def times(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """x (N, in) float32 -> (N, out) = x @ self.dequantize().T; the kernel on `threads` of numba's
+        threads (None: all)."""
         if HAVE_KERNELS and len(x) < BLAS_ROWS:
-            return self.times_kernel(x)
+            return self.times_kernel(x, threads)
         return self.times_blas(x)
 
-    def times_kernel(self, x: np.ndarray) -> np.ndarray:
+    def times_kernel(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """The numba kernel, whatever N (tests and benchmarks call it directly)."""
         x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
         y = np.empty((len(x), self.shape[0]), np.float32)
-        kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
+        with kernels.threads(threads):
+            kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
         return y
 
     def times_int8(self, x: np.ndarray) -> np.ndarray:
