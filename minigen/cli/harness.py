@@ -206,11 +206,11 @@ def model_option(f):
     def keep(name):
         return lambda ctx, param, value: ctx.meta.__setitem__(name, value) if value is not None else None
     f = click.option("--quantize", metavar="TYPE", expose_value=False, callback=keep("minigen.quantize"),
-                     help="quantize the model's matrices at load: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, F16, BF16 "
-                          "(llama.cpp's rules)")(f)
+                     help="Quantize the matrices at load, by llama.cpp's rules: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                          "Q4_K, F16 or BF16.")(f)
     f = click.option("--dtype", type=click.Choice(["float32"]), expose_value=False, callback=keep("minigen.dtype"),
-                     help="float32: every weight as float32 (default: as stored: a GGUF's types, 16-bit "
-                          "safetensors in 16 bits)")(f)
+                     help="Every weight as float32 (default: as stored: a GGUF's own types, float16 and "
+                          "bfloat16 in 16 bits).")(f)
     return click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)(f)
 
 

@@ -37,7 +37,11 @@ except ImportError:   # pragma: no cover - the CI environment has numba
 # MINIGEN_KERNELS=0 forces the NumPy reference path (float32 chunks and OpenBLAS) even where numba is installed
 HAVE_KERNELS = kernels is not None and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
 TILE, GROUP = 64, 32
-BLAS_ROWS = 64     # from this many rows on, products go through float32 chunks and OpenBLAS (measured: bench_kernels.py)
+# from this many rows on, products go through float32 chunks and OpenBLAS. bench_kernels.py put the switch at 64
+# rows on an idle AMD EPYC; on the busy Intel Xeon here (2026-12-02) the kernel beat that path at 64, 128 and 512
+# rows on every matrix tried (SmolLM2's 3072 x 576 Q4_1 at 128 rows: 16 ms against 32, its 49152 x 576 Q8_0
+# lm_head at 512: 520 against 637) and OpenBLAS's float32 GEMM itself at up to 128
+BLAS_ROWS = 512
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
