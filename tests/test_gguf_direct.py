@@ -98,3 +98,26 @@ def test_without_kernels_a_gguf_loads_as_float32(monkeypatch, tmp_path):
     close(plain.logits(PROMPT), stored.logits(PROMPT))
     q = load_model(FIXTURES_DIR / "llama_bf16", quantize="Q8_0")
     assert set(stored_types(q.params)) == {"float32"}   # the quantized values, as float32
+
+
+def test_fused_parts_of_two_types_are_kept_apart(tmp_path):
+    """A Q4_K_M file stores attn_v (and some ffn_down) in Q6_K beside Q4_K q and k: the fused wqkv is then a
+    StoredRows of one matrix per type. Here q, k Q8_0 beside an F16 v and ffn_up (written by gguf-py)."""
+    import gguf
+    from test_convert import write_gguf
+    from minigen.engine.quant import StoredRows
+
+    def mixed(name, t):
+        if name.endswith(("attn_v.weight", "ffn_up.weight")):
+            return name, (gguf.quants.quantize(t, gguf.GGMLQuantizationType.F16), gguf.GGMLQuantizationType.F16)
+        return name, (gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0) \
+            if t.ndim == 2 else t
+    src = write_gguf(FIXTURES_DIR / "llama_linear_rope", tmp_path / "mixed.gguf", tensor_hook=mixed)
+    direct = load_gguf(src)
+    layer = direct.params["layers"][0]
+    assert isinstance(layer["wqkv"], StoredRows) and layer["wqkv"].type == "Q8_0+F16"
+    assert isinstance(layer["w_gate_up"], StoredRows) and stored_types(direct.params)["F16"][0] == 2 * direct.config.n_layers
+    convert_gguf(src, tmp_path / "mixed", progress=False)
+    ref = load_model(tmp_path / "mixed", dtype="float32")
+    close(direct.logits(PROMPT), ref.logits(PROMPT))
+    assert greedy(direct, PROMPT, 6)[0] == greedy(ref, PROMPT, 6)[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.linear import dense
-from ..engine.quant import FORMATS, QUANTIZERS, StoredMatrix, kernels_on, stack
+from ..engine.quant import FORMATS, QUANTIZERS, STORED, StoredMatrix, StoredRows, kernels_on, stack
 from ..errors import MinigenError
 from .weights import column_major, column_major_for
 
@@ -70,7 +70,7 @@ def _quantize(w: np.ndarray, type: str, name: str):
 
 def dequantized(params: dict) -> dict:
     """params with every StoredMatrix (and list of them) as float32: the model a stored one must equal."""
-    cast = lambda v: laid_out(dense(v)) if isinstance(v, (StoredMatrix, list)) else v  # noqa: E731
+    cast = lambda v: laid_out(dense(v)) if isinstance(v, (*STORED, list)) else v  # noqa: E731
     out = {k: cast(v) for k, v in params.items() if k != "layers"}
     out["layers"] = [{k: cast(v) for k, v in layer.items()} for layer in params["layers"]]
     if params.get("lm_head") is params.get("embed"):
@@ -84,7 +84,7 @@ def stored_types(params: dict) -> dict[str, tuple[int, int]]:
     seen, counts = set(), {}
     layers = params.get("layers", [])
     for v in [v for k, v in params.items() if k != "layers"] + [v for layer in layers for v in layer.values()]:
-        for m in v if isinstance(v, list) else [v]:
+        for m in v if isinstance(v, list) else v.parts if isinstance(v, StoredRows) else [v]:
             if id(m) in seen or not (isinstance(m, StoredMatrix) or getattr(m, "ndim", 0) >= 2):
                 continue
             seen.add(id(m))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import parallel
-from .quant import StoredMatrix
+from .quant import STORED
 
 FEW_ROWS = 32    # up to here a product is a decode step's or a short draft's: the rules above apply
 ROW_GROUP = 8
@@ -31,7 +31,7 @@ ALONE_BYTES = 4 << 20
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """x (N, in) @ w.T (+ b): (N, out). w: a float32 array, or a StoredMatrix (its kernels)."""
-    if isinstance(w, StoredMatrix):
+    if isinstance(w, STORED):
         y = w.times(x, 1 if w.nbytes < ALONE_BYTES or parallel.alone() else None)
         return y if b is None else y + b
     n = len(x)
@@ -56,13 +56,13 @@ def padded_rows(n: int) -> int:
 
 def rows_of(w, ids) -> np.ndarray:
     """Rows `ids` of a weight (out, in) as float32 (n, in), a copy: an embedding lookup, a few unembedding rows."""
-    return w.rows(ids) if isinstance(w, StoredMatrix) else w[ids]
+    return w.rows(ids) if isinstance(w, STORED) else w[ids]
 
 
 def dense(w) -> np.ndarray:
     """A weight's values as a float32 array: the array itself, or a StoredMatrix dequantized (a copy, for the
     inspection commands that read a weight's entries; the forward pass never asks)."""
-    if isinstance(w, StoredMatrix):
+    if isinstance(w, STORED):
         return w.dequantize()
     if isinstance(w, list):   # stored experts: one StoredMatrix per expert -> (E, out, in)
         return np.stack([dense(m) for m in w])

@@ -9,12 +9,14 @@ matrix is kept in its type when the way from the GGUF's rows to minigen's only r
   neox_qkv: the two undo each other), Qwen3.5's gated q (gated_q) and its value heads' rows (dn_qkv, dn_rows):
   done on the rows of blocks, before they are tiled;
 - GPT-2's Conv1D: the GGUF fix transposes to HF's (in, out), the HF family's fix back: the rows stay as stored;
-- split tensors joined (q, k, v into wqkv; gate and up): rows one after another, when all parts have one type.
+- split tensors joined (q, k, v into wqkv; gate and up): rows one after another in one StoredMatrix when all
+  parts have one type, else a StoredRows of one matrix per part (a Q4_K_M file's Q4_K q and k beside a Q6_K v),
+  unless the family reorders rows across the parts (Qwen3.5's gated q: then float32).
 
 Everything else becomes float32 exactly as a conversion then a load would make it (correct, just bigger):
-vectors (norms, biases), convolutions, the recurrent layers' parameters, the MoE router, a fused matrix whose
-parts the file stores in different types (a Q4_K_M file's Q4_K q/k beside a Q6_K v), a type the kernels do not
-run (the I-quants: `dtype="float32"`, or convert the file), and every tensor with dtype "float32".
+vectors (norms, biases), convolutions, the recurrent layers' parameters, the MoE router, F32 matrices (OpenBLAS
+multiplies them as fast, and a long prompt needs no dequantizing), and every tensor with dtype "float32". A
+matrix of a type the kernels do not run (the I-quants, Q2_K, Q3_K) is refused: `dtype="float32"` runs it.
 
 Memory: each stored matrix's bytes are read once from the file (plain reads, one tensor at a time) into its
 tiles; peak RSS is the tiles (about the file's size) plus one tensor. Stored matrices are not checked for NaN
@@ -22,12 +24,14 @@ tiles; peak RSS is the tiles (about the file's size) plus one tensor. Stored mat
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..checkpoint.families import FAMILIES
 from ..checkpoint.fixes import FIXES
 from ..checkpoint.weights import (MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled)
-from ..engine.quant import RUNS, StoredMatrix, kernels_on, refuse_type, stack
+from ..engine.quant import RUNS, StoredMatrix, StoredRows, kernels_on, refuse_type, stack
 from ..errors import MinigenError
 from .convert import Plan, _dequantise, _Tensor
 
@@ -75,8 +79,10 @@ def _keepable(key: str, src: Source, parts: list[_Tensor]) -> bool:
     a float32 array, which OpenBLAS multiplies as fast and a long prompt needs no dequantizing of), reached
     from the file's rows by row reorders only (the module's docstring)."""
     types = {p.qtype.name for p in parts} | {p.up.qtype.name for p in parts if p.up}
-    if key not in KEPT or len(types) != 1 or types.pop() == "F32" or any(p.offset_norm for p in parts):
+    if key not in KEPT or "F32" in types or any(p.offset_norm for p in parts):
         return False
+    if len(types) > 1 and (src.fix is not None or len(src.shape) == 3):   # parts of two types: StoredRows,
+        return False                                                       # which takes no reorder across parts
     if src.fix == "conv1d":   # GPT-2: the GGUF's transpose and the family's undo each other
         return all(p.fix == "conv1d" for p in parts)
     return src.fix in ROW_FIXES and all(p.fix in ROW_FIXES for p in parts)
@@ -85,6 +91,10 @@ def _keepable(key: str, src: Source, parts: list[_Tensor]) -> bool:
 def _stored(plan: Plan, src: Source, parts: list[_Tensor]):
     """The parts' rows of blocks, each reordered by its GGUF fix, joined, then the family's fix: tiled."""
     cfg, type = plan.model_config, parts[0].qtype.name
+    halves = [h for t in parts for h in ((t, t.up) if t.up is not None else (t,))]
+    if len(src.shape) == 2 and len({h.qtype.name for h in halves}) > 1:
+        mats = [_stored(plan, Source((None,), (h.rows, h.cols)), [dataclasses.replace(h, up=None)]) for h in halves]
+        return StoredRows(tuple(mats), parts[0].gguf_name)
     if len(src.shape) == 3:   # experts (E, rows, in): one matrix per expert, its gate rows then its up rows
         (t,) = parts
         E, rows = src.shape[0], t.rows // src.shape[0]

@@ -227,6 +227,61 @@ class StoredMatrix:
         return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
 
 
+@dataclass(frozen=True)
+class StoredRows:
+    """A matrix (out, in) whose blocks of rows are kept in different types: a fused projection whose parts a
+    GGUF stores in two types (a Q4_K_M file's Q4_K attn_q and attn_k beside a Q6_K attn_v). Each part is
+    multiplied alone and the outputs placed side by side: x @ W.T = [x @ W_1.T, x @ W_2.T, ...]."""
+    parts: tuple              # StoredMatrix, each (out_i, in)
+    name: str = ""
+    ndim = 2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def type(self) -> str:
+        return "+".join(dict.fromkeys(p.type for p in self.parts))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"StoredRows({self.name!r}, {self.type}, {self.shape})"
+
+    def times(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        return np.concatenate([p.times(x, threads) for p in self.parts], axis=1)
+
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts])
+
+    def rows(self, ids) -> np.ndarray:
+        return self.dequantize()[np.asarray(ids, dtype=np.int64).reshape(-1)]
+
+    def __getitem__(self, rows: slice) -> "StoredRows | StoredMatrix":
+        """Rows lo..hi: each part's share of them (StoredMatrix's slices), one part as itself."""
+        lo, hi, _ = rows.indices(self.shape[0])
+        pieces, at = [], 0
+        for p in self.parts:
+            a, b = max(lo, at), min(hi, at + p.shape[0])
+            if a < b:
+                pieces.append(p[a - at:b - at])
+            at += p.shape[0]
+        return pieces[0] if len(pieces) == 1 else StoredRows(tuple(pieces), self.name)
+
+
+STORED = (StoredMatrix, StoredRows)   # what linear() multiplies by its kernels
+
+
 def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:
     """Experts (E, out, in) as E matrices of one type and shape: a list, each applied alone to the rows
     routed to it (moe.py's by_expert groups them)."""
