@@ -14,7 +14,7 @@ import numpy as np
 from ..engine.linear import dense
 from ..engine.quant import FORMATS, QUANTIZERS, STORED, StoredMatrix, StoredRows, kernels_on, stack
 from ..errors import MinigenError
-from .weights import column_major, column_major_for
+from .weights import KEPT, column_major, column_major_for
 
 
 def laid_out(w: np.ndarray) -> np.ndarray:
@@ -22,8 +22,6 @@ def laid_out(w: np.ndarray) -> np.ndarray:
     return column_major(w) if column_major_for(w.shape) else np.ascontiguousarray(w)
 
 QUANTIZE_TYPES = tuple(t for t in QUANTIZERS if t != "F32")   # Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, F16, BF16
-KEPT = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
-        "experts_gate_up", "experts_down"}
 # llama.cpp's fallback when a matrix's rows are not whole blocks of its type (llama-quant.cpp,
 # tensor_type_fallback): a K type's 256 -> a 32-block type; rows not whole blocks of 32 stay float32 here
 # (llama.cpp: F16), which is exact

@@ -458,7 +458,7 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
 def load_params(path: Path, cfg: Config, family, dtype: str | None = None) -> dict:
     """All weights: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}. float32 arrays, except
     that (dtype None) a matrix or embedding stored in float16 or bfloat16 is kept in its 16 bits, a
-    StoredMatrix (KEPT_16: half the memory, and a decode step reads half the bytes); dtype "float32":
+    StoredMatrix (KEPT: half the memory, and a decode step reads half the bytes); dtype "float32":
     every tensor as float32, as before weights were kept stored."""
     if dtype not in (None, "float32"):
         raise MinigenError(f"--dtype {dtype}: minigen loads a checkpoint as stored or as float32 (--dtype float32)")
@@ -473,20 +473,21 @@ def load_params(path: Path, cfg: Config, family, dtype: str | None = None) -> di
     return params
 
 
-# Kept in 16 bits when stored so: the projections and the embedding (not the MoE router, a few rows whose
-# products decide routing: float32, as llama.cpp keeps ffn_gate_inp)
-KEPT_16 = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
-           "experts_gate_up", "experts_down"}
+# What may be kept in a stored type (16 bits here, a GGUF's own in gguf/direct.py, --quantize's in stored.py):
+# the projections and the embedding; not the MoE router, a few rows whose products decide routing (float32,
+# as llama.cpp keeps ffn_gate_inp)
+KEPT = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
+        "experts_gate_up", "experts_down"}
 # fixes that only reorder a matrix's rows or transpose it: they act on 16-bit values as on float32 ones
 # (the others, on vectors and convolutions, never meet a kept matrix)
 FIXES_16 = {None, "conv1d", "neox_qkv", "gated_q"}
 
 
 def _load(src: Source, cfg: Config, family, key: str, matrix: bool, keep: bool):
-    """One canonical tensor: a StoredMatrix (or a list of them, experts) when `keep` and it is a KEPT_16
+    """One canonical tensor: a StoredMatrix (or a list of them, experts) when `keep` and it is a KEPT
     tensor whose parts are all float16 or all bfloat16, else float32 (_read)."""
     dtypes = {r.dtype for r in src.refs}
-    if not (keep and key in KEPT_16 and len(dtypes) == 1 and dtypes <= {"F16", "BF16"} and src.fix in FIXES_16):
+    if not (keep and key in KEPT and len(dtypes) == 1 and dtypes <= {"F16", "BF16"} and src.fix in FIXES_16):
         return _read(src, cfg, family, key, matrix)
     type = dtypes.pop()
     w = np.empty(src.shape, DTYPES[type])                                   # (out, in) or (E, out, in), 16 bits

@@ -30,14 +30,11 @@ import numpy as np
 
 from ..checkpoint.families import FAMILIES
 from ..checkpoint.fixes import FIXES
-from ..checkpoint.weights import (MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled)
+from ..checkpoint.weights import KEPT, MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled
 from ..engine.quant import RUNS, StoredMatrix, StoredRows, kernels_on, refuse_type, stack
 from ..errors import MinigenError
 from .convert import Plan, _dequantise, _Tensor
 
-# kept as stored: the projections and the embedding (the router stays float32, as llama.cpp keeps it)
-KEPT = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
-        "experts_gate_up", "experts_down"}
 ROW_FIXES = {None, "unpermute_q", "unpermute_k", "neox_per_head", "neox_qkv", "gated_q", "dn_qkv", "dn_rows"}
 
 
@@ -52,6 +49,8 @@ def gguf_params(plan: Plan, dtype: str | None = None) -> dict:
     refs = {t.name: TensorRef(t.name, plan.source, "F32", t.shape, 0, 0, 0) for t in plan.tensors}
     glob, layers = resolve(cfg, family, refs, plan.source)
     keep = dtype is None and kernels_on()   # without the kernels: every tensor float32, dequantized once here
+    if keep:
+        _refuse_types(plan, [(k, s) for k, s in glob.items()] + [kv for srcs in layers for kv in srcs.items()], by_name)
     load = lambda key, src: _tensor(plan, family, key, src, [by_name[r.name] for r in src.refs], keep)  # noqa: E731
     params = {k: load(k, s) for k, s in glob.items()}
     if "lm_head" not in glob:
@@ -61,23 +60,27 @@ def gguf_params(plan: Plan, dtype: str | None = None) -> dict:
 
 
 def _tensor(plan: Plan, family, key: str, src: Source, parts: list[_Tensor], keep: bool):
-    """One canonical tensor: a StoredMatrix (a list of them for experts) when it can be kept, else float32.
-    A matrix of a type the kernels do not run is refused, naming it, unless every tensor is made float32."""
-    if keep and key in KEPT:
-        for t in parts:
-            for h in (t, t.up) if t.up is not None else (t,):
-                if h.qtype.name not in RUNS:
-                    e = refuse_type(f"{plan.source}: tensor {h.gguf_name}", h.qtype.name)
-                    raise MinigenError(f"{e}; --dtype float32 runs it dequantized to float32")
+    """One canonical tensor: a StoredMatrix (a list of them for experts, a StoredRows for parts of two types)
+    when it can be kept, else float32."""
     if keep and _keepable(key, src, parts):
         return _stored(plan, src, parts)
     return _float32(plan, family, key, src, parts)
 
 
+def _refuse_types(plan: Plan, srcs: list, by_name: dict) -> None:
+    """Before any tensor is read: a KEPT matrix of a type the kernels do not run is refused, naming it."""
+    for key, src in srcs:
+        for t in (by_name[r.name] for r in src.refs) if key in KEPT else ():
+            for h in (t, t.up) if t.up is not None else (t,):
+                if h.qtype.name not in RUNS:
+                    e = refuse_type(f"{plan.source}: tensor {h.gguf_name}", h.qtype.name)
+                    raise MinigenError(f"{e}; --dtype float32 runs it dequantized to float32")
+
+
 def _keepable(key: str, src: Source, parts: list[_Tensor]) -> bool:
-    """Whether a canonical tensor can be a StoredMatrix: a KEPT matrix of one type the kernels run (F32 stays
-    a float32 array, which OpenBLAS multiplies as fast and a long prompt needs no dequantizing of), reached
-    from the file's rows by row reorders only (the module's docstring)."""
+    """Whether a canonical tensor can be kept: a KEPT matrix of types the kernels run (F32 stays a float32
+    array, which OpenBLAS multiplies as fast and a long prompt needs no dequantizing of), reached from the
+    file's rows by row reorders only (the module's docstring)."""
     types = {p.qtype.name for p in parts} | {p.up.qtype.name for p in parts if p.up}
     if key not in KEPT or "F32" in types or any(p.offset_norm for p in parts):
         return False
