@@ -4,6 +4,7 @@
                                                          # a bfloat16 conversion kept in 16 bits and as float32
     python scripts/bench_stored.py --runs "FILE.gguf" "FILE.gguf --dtype float32" "DIR --quantize Q8_0"
     python scripts/bench_stored.py --llama-bench PATH    # and llama.cpp's llama-bench on each GGUF run
+    python scripts/bench_stored.py --batch               # decode steps of 1, 4, 8, 16 sequences at once instead
 
 Each run is a fresh process (`--worker`), the runs taking turns for --rounds rounds so that a busy machine
 slows them alike; medians are printed. A run measures: the load (s), the first token's time from the
@@ -70,9 +71,40 @@ def worker(spec: str, prompt_tokens: int, gen_tokens: int) -> dict:
                 rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def worker_batch(spec: str) -> dict:
+    """Tokens/s of a decode step of B sequences in one forward_batch (prompts of 10..10+B-1 tokens), B in
+    BATCHES: medians of 6 steps after the prefill."""
+    import numpy as np
+    import minigen
+
+    words = shlex.split(spec)
+    opts = {"dtype": None, "quantize": None}
+    for flag, value in zip(words[1::2], words[2::2]):
+        opts[flag.lstrip("-")] = value
+    model, tok = minigen.load(words[0], **opts)
+    base = tok.encode(TEXT)
+
+    def step(B: int) -> float:
+        caches = [model.make_cache(128) for _ in range(B)]
+        outs = model.forward_batch([np.array(base[:10 + b]) for b in range(B)], caches)
+        times = []
+        for _ in range(6):
+            ids = [np.array([int(o[-1].argmax())]) for o in outs]
+            t = time.perf_counter()
+            outs = model.forward_batch(ids, caches)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    step(16)   # warm: every kernel and row count once
+    return {str(B): B / step(B) for B in BATCHES}
+
+
+BATCHES = (1, 4, 8, 16)
+
+
 def run(spec: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", spec, "--prompt-tokens", str(args.prompt_tokens),
-           "--gen-tokens", str(args.gen_tokens)]
+    cmd = [sys.executable, __file__, "--worker" if not args.batch else "--worker-batch", spec,
+           "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"bench_stored: {spec}: {out.stderr.strip()[-2000:]}")
@@ -108,10 +140,15 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench: also run on each GGUF run's file")
     ap.add_argument("--work", help="where conversions are made (default: a temporary directory)")
+    ap.add_argument("--batch", action="store_true", help="decode steps of 1, 4, 8 and 16 sequences instead")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-batch", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.prompt_tokens, args.gen_tokens)))
+        return
+    if args.worker_batch:
+        print(json.dumps(worker_batch(args.worker_batch)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
@@ -121,6 +158,15 @@ def main():
         for _ in range(args.rounds):
             for s in specs:
                 results[s].append(run(s, args))
+    if args.batch:
+        print(f"{args.rounds} rounds, medians: decode tokens/s of B sequences in one step (x: against B = 1)\n")
+        print("| run | " + " | ".join(f"B = {B}" for B in BATCHES) + " |")
+        print("|---|" + "---|" * len(BATCHES))
+        for s, rs in results.items():
+            med = {B: statistics.median(r[str(B)] for r in rs) for B in BATCHES}
+            name = " ".join([Path(shlex.split(s)[0]).name] + shlex.split(s)[1:])
+            print(f"| {name} | " + " | ".join(f"{med[B]:.1f} ({med[B] / med[1]:.2f}x)" for B in BATCHES) + " |")
+        return
     keys = ("load_s", "first_token_s", "prefill", "decode", "f8_f1", "weights_mb", "rss_mb")
     print(f"{args.rounds} rounds, medians; prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded\n")
     print("| run | types | load s | first token s | prefill tok/s | decode tok/s | forward(8)/forward(1) | weights MB | peak RSS MB |")
