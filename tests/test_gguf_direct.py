@@ -121,3 +121,16 @@ def test_fused_parts_of_two_types_are_kept_apart(tmp_path):
     ref = load_model(tmp_path / "mixed", dtype="float32")
     close(direct.logits(PROMPT), ref.logits(PROMPT))
     assert greedy(direct, PROMPT, 6)[0] == greedy(ref, PROMPT, 6)[0]
+
+
+def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, tmp_path):
+    """quants.gguf (llama-quantize, 18 types): with the refusal lifted, each matrix of a type the kernels run
+    kept stored, the rest float32: the converted model's logits. Kept here: the Q6_K embedding (and tied
+    output), Q5_K, Q6_K, Q4_0, Q4_1 and Q8_0 projections; its Q4_K, Q5_0, Q5_1, F16 and BF16 tensors are v or k
+    of a wqkv whose q is a type minigen does not run, so that wqkv is float32."""
+    from minigen.gguf import direct
+    monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
+    model = load_gguf(GGUF / "quants.gguf")
+    kept = set(stored_types(model.params)) - {"float32"}
+    assert kept == {"Q4_0", "Q4_1", "Q5_K", "Q6_K", "Q8_0"}, kept
+    close(model.logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))

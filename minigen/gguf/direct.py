@@ -82,7 +82,7 @@ def _keepable(key: str, src: Source, parts: list[_Tensor]) -> bool:
     array, which OpenBLAS multiplies as fast and a long prompt needs no dequantizing of), reached from the
     file's rows by row reorders only (the module's docstring)."""
     types = {p.qtype.name for p in parts} | {p.up.qtype.name for p in parts if p.up}
-    if key not in KEPT or "F32" in types or any(p.offset_norm for p in parts):
+    if key not in KEPT or "F32" in types or not types <= set(RUNS) or any(p.offset_norm for p in parts):
         return False
     if len(types) > 1 and (src.fix is not None or len(src.shape) == 3):   # parts of two types: StoredRows,
         return False                                                       # which takes no reorder across parts
