@@ -14,12 +14,9 @@ import numpy as np
 from ..engine.linear import dense
 from ..engine.quant import FORMATS, QUANTIZERS, STORED, StoredMatrix, StoredRows, kernels_on, stack
 from ..errors import MinigenError
-from .weights import KEPT, column_major, column_major_for
+from .weights import KEPT, laid_out
 
 
-def laid_out(w: np.ndarray) -> np.ndarray:
-    """A float32 matrix in the layout weights.py gives a loaded one (column-major unless wide)."""
-    return column_major(w) if column_major_for(w.shape) else np.ascontiguousarray(w)
 
 QUANTIZE_TYPES = tuple(t for t in QUANTIZERS if t != "F32")   # Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, F16, BF16
 # llama.cpp's fallback when a matrix's rows are not whole blocks of its type (llama-quant.cpp,

@@ -513,9 +513,9 @@ def scaled(layer: dict, cfg: Config) -> dict:
     for key, start, stop, factor, bias in cfg.weight_scales:
         for name in (key, BIASES[key]) if bias else (key,):
             if name in layer:
-                # a column-major matrix stays one; a kept 16-bit one becomes float32 (scaled rows are
-                # not 16-bit values any more)
-                w = dense(layer[name]).copy(order="K")
+                # a column-major matrix stays one; a kept one becomes float32 (scaled rows are not its
+                # type's values any more), laid out as a float32 matrix is
+                w = layer[name].copy(order="K") if isinstance(layer[name], np.ndarray) else laid_out(dense(layer[name]))
                 w[start:stop] *= np.float32(factor)
                 layer[name] = w
     return layer
@@ -547,6 +547,11 @@ def _read(src: Source, cfg: Config, family, key: str, matrix: bool) -> np.ndarra
 # What a forward pass applies as x @ w.T (with the lm_head, and a tied embedding): read, and laid out.
 MATRICES = {"lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out", "router",
             "experts_gate_up", "experts_down"}
+
+
+def laid_out(w: np.ndarray) -> np.ndarray:
+    """A float32 matrix (or stack) in a loaded matrix's layout, a copy."""
+    return column_major(w) if column_major_for(w.shape) else np.ascontiguousarray(w)
 
 
 def column_major_for(shape: tuple) -> bool:
