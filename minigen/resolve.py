@@ -7,9 +7,11 @@ Above both checkpoint/ (a directory's files) and gguf/ (a GGUF converted once), 
 May import: checkpoint, gguf, engine, text, errors, files; huggingface_hub (when a hub id is fetched).
 
     weights/smollm2-135m-instruct           a directory: config.json, *.safetensors, tokenizer files
-    SmolLM2-135M-Instruct.Q4_1.gguf         a GGUF: converted (float32) into <weights dir>/gguf/<name>-<key>/ on
-                                            first use, where key hashes the file's path, size and mtime (a changed
-                                            file converts again; the stale conversion is removed): gguf/cache.py
+    SmolLM2-135M-Instruct.Q4_1.gguf         a GGUF: run as stored (gguf/direct.py: each matrix in the file's own
+                                            type), its config and tokenizer files made once into
+                                            <weights dir>/gguf/<name>-<key>-files/, where key hashes the file's
+                                            path, size and mtime (a changed file makes them again): gguf/cache.py;
+                                            `minigen convert` still makes a float32 directory for those who want one
     (none)                                  the default model (gguf/default_model.py)
     HuggingFaceTB/SmolLM2-360M-Instruct     a hub id: the files minigen reads, from the Hugging Face cache, fetched
                                             into it when the network is allowed (HF_HUB_OFFLINE=1: cache only)
@@ -25,13 +27,15 @@ from pathlib import Path
 
 from .checkpoint.config import load_config, parse_generation_config
 from .checkpoint.families import FAMILIES
+from .checkpoint.stored import check_quantize, quantized
 from .checkpoint.weights import load_params
 from .engine.model import Model
 from .engine.parallel import release_free_heap
 from .errors import MinigenError
 from .files import read_json_object, what_is_at
-from .gguf.cache import Note, gguf_checkpoint
+from .gguf.cache import Note, gguf_files
 from .gguf.convert import Progress
+from .gguf.direct import gguf_params
 from .gguf.default_model import default_model_path
 from .text.tokenizer import Tokenizer
 
@@ -48,26 +52,52 @@ class Resolved:
     path: Path
     kind: str      # "directory" | "gguf" | "hub" | "hub-gguf" | "default"
     origin: str    # one line for `minigen info`: where it came from
+    gguf: Path | None = None   # a GGUF run as stored: the file (path then holds its config and tokenizer files)
 
 
-def load(spec: str | PathLike) -> tuple[Model, Tokenizer]:
+def load(spec: str | PathLike, dtype: str | None = None, quantize: str | None = None) -> tuple[Model, Tokenizer]:
     """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id; MinigenError naming the
     file at fault. (The default model: `load(gguf.default_model.default_model_path())`.) A GGUF's first
-    conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it."""
+    conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it.
+    Weights are kept as stored (float16 and bfloat16 matrices in 16 bits) unless dtype="float32";
+    quantize="Q8_0" (Q4_0, Q4_K, ...: checkpoint/stored.py) quantizes the matrices at load."""
     if not isinstance(spec, (str, PathLike)):
         raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "
                            f"a path), got {type(spec).__name__}")
-    path = resolve(spec).path
-    tokenizer = Tokenizer.from_dir(path)  # before the weights: its parsing peak then adds to nothing
+    return load_resolved(resolve(spec), dtype, quantize)
+
+
+def load_resolved(resolved: Resolved, dtype: str | None = None, quantize: str | None = None) -> tuple[Model, Tokenizer]:
+    """(model, tokenizer) of what `resolve` found: a checkpoint directory, or a GGUF run as stored."""
+    tokenizer = Tokenizer.from_dir(resolved.path)  # before the weights: its parsing peak then adds to nothing
     release_free_heap()  # what the tokenizer's JSON parse left in malloc's heap: ~16 MB for the default model
-    return load_model(path), tokenizer
+    if resolved.gguf is not None:
+        return load_gguf(resolved.gguf, dtype, quantize), tokenizer
+    return load_model(resolved.path, dtype, quantize), tokenizer
 
 
-def load_model(path: str | Path) -> Model:
-    """The Model alone, from a checkpoint directory: config, float32 weights, generation config."""
+def load_gguf(source: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:
+    """The Model of a GGUF file, its matrices kept in the file's own types (gguf/direct.py); dtype="float32":
+    every tensor dequantized, the values a conversion holds; quantize: the float32 values quantized."""
+    quantize = check_quantize(quantize)
+    files, plan = gguf_files(Path(source))
+    params = gguf_params(plan, "float32" if quantize else dtype)
+    if quantize:
+        params = quantized(params, quantize)
+    release_free_heap()
+    return Model(plan.model_config, params, generation_config(files), Path(source))
+
+
+def load_model(path: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:
+    """The Model alone, from a checkpoint directory: config, weights (as stored, or float32 with
+    dtype="float32", or quantized to `quantize` at load), generation config."""
+    quantize = check_quantize(quantize)
     path = checkpoint_dir(path)
     cfg = load_config(path)
-    params = load_params(path, cfg, FAMILIES[cfg.model_type])
+    params = load_params(path, cfg, FAMILIES[cfg.model_type], "float32" if quantize else dtype)
+    if quantize:
+        params = quantized(params, quantize)
+        release_free_heap()   # the float32 matrices the quantized ones replace
     return Model(cfg, params, generation_config(path), path)
 
 
@@ -107,8 +137,8 @@ def resolve(spec: str | Path | None, note: Note | None = None, progress: Progres
     if path.is_file():
         if not _is_gguf(path):
             raise MinigenError(f"{path}: not a checkpoint directory or a GGUF file")
-        out = gguf_checkpoint(path, note, progress)
-        return Resolved(out, "gguf", f"GGUF file {path}, converted (float32) into {out}")
+        files, _ = gguf_files(path, note)
+        return Resolved(files, "gguf", f"GGUF file {path}, run as stored (config and tokenizer files in {files})", path)
     if _HUB_ID.fullmatch(str(spec)) and not str(spec).startswith(("./", "../")):
         return _hub(str(spec), note, progress)
     raise MinigenError(f"{spec}: no such checkpoint directory or GGUF file (nor a hub id like org/name)")
@@ -154,8 +184,8 @@ def _hub(spec: str, note: Note, progress: Progress | None) -> Resolved:
     except Exception as e:  # huggingface_hub's errors: not cached, no network, no such repo, gated...
         raise MinigenError(_hub_error(spec, e, cache, offline)) from None
     if filename:
-        out = gguf_checkpoint(file, note, progress)
-        return Resolved(out, "hub-gguf", f"hub file {spec} ({where}), converted (float32) into {out}")
+        files, _ = gguf_files(file, note)
+        return Resolved(files, "hub-gguf", f"hub file {spec} ({where}), run as stored", file)
     if not (path / "config.json").is_file():
         raise MinigenError(f"{spec}: the hub snapshot {path} has no config.json (incomplete in {where}"
                            f"{', and HF_HUB_OFFLINE=1 forbids fetching the rest' if offline else ''})")

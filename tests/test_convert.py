@@ -568,4 +568,4 @@ def test_model_gguf_damaged_in_its_data_gives_one_line(tmp_path):
     assert r.exit_code == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("minigen: error: ") and "blk.1.attn_output.weight" in lines[0], r.stderr
-    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file()]
+    assert not list((tmp_path / "w").rglob("*.safetensors"))   # (its config and tokenizer files may stay)

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import minigen
+from minigen.engine.linear import dense
 from minigen.cli import main
 from minigen.inspect import ablated_logits, logit_lens
 from minigen.inspect.effects import Component, ablated_runs, changes_for, every, patching
@@ -187,7 +188,7 @@ def test_value_norms_are_the_trace_values_through_w_o(name):
     c = model.config
     for layer, head in [(0, 1), (c.n_layers - 1, c.n_heads - 1)]:
         steps, _ = trace_head(model, ids, layer, head)
-        wo = model.params["layers"][layer]["wo"][:, head * c.head_dim:(head + 1) * c.head_dim]   # (D, d)
+        wo = dense(model.params["layers"][layer]["wo"])[:, head * c.head_dim:(head + 1) * c.head_dim]   # (D, d)
         np.testing.assert_allclose(norms[layer, head], np.linalg.norm(steps.v @ wo.T, axis=-1), rtol=1e-4)
 
 

@@ -1,4 +1,5 @@
-"""--model in its three forms: a checkpoint directory, a .gguf file (converted once into a cache), a hub id (the
+"""--model in its three forms: a checkpoint directory, a .gguf file (run as stored, its config and tokenizer files
+made once into a cache), a hub id (the
 Hugging Face cache, here a local one laid out as huggingface_hub lays it out; HF_HUB_OFFLINE=1 throughout, so
 no test touches the network)."""
 from __future__ import annotations
@@ -137,13 +138,13 @@ def test_gguf_file_of_a_hub_repo(hub):
     make_hub_cache(hub, "tiny-org/tiny-GGUF", FIXTURES_DIR / "gguf", names={"llama.gguf"})
     r = cli("info", "--model", "tiny-org/tiny-GGUF/llama.gguf")
     assert r.exit_code == 0, r.output
-    assert "hub file tiny-org/tiny-GGUF/llama.gguf" in r.stdout and "converted (float32) into" in r.stdout
+    assert "hub file tiny-org/tiny-GGUF/llama.gguf" in r.stdout and "run as stored" in r.stdout
 
 
 # --- GGUF files ------------------------------------------------------------------------------------
 
 
-def test_gguf_file_is_converted_once_into_the_cache(hub, tmp_path):
+def test_gguf_file_runs_as_stored_its_files_made_once(hub, tmp_path):
     src = tmp_path / "tiny.gguf"
     shutil.copy(GGUF, src)
     ref = np.load(FIXTURES_DIR / "gguf" / "llama.npz")
@@ -151,15 +152,15 @@ def test_gguf_file_is_converted_once_into_the_cache(hub, tmp_path):
     assert first.exit_code == 0, first.output
     cache = tmp_path / "weights" / "gguf"
     (out,) = list(cache.iterdir())
-    assert f"minigen: converted tiny.gguf into {out}" in first.stderr
+    assert (out / "tokenizer.json").is_file() and not list(out.glob("*.safetensors"))   # no weights: the file has them
     second = cli("generate", "--model", src, "Once upon a time", "-m", 5, "--ignore-eos", "-q")
-    assert second.exit_code == 0 and second.stdout == first.stdout and "convert" not in second.stderr
+    assert second.exit_code == 0 and second.stdout == first.stdout and second.stderr == first.stderr == ""
     model, _ = minigen.load(src)
-    assert model.path == out
+    assert model.path == src
     np.testing.assert_allclose(model.logits(ref["input_ids"]), ref["logits"], atol=1e-4, rtol=0)
 
 
-def test_changed_gguf_is_converted_again_and_the_stale_conversion_removed(hub, tmp_path):
+def test_changed_gguf_makes_its_files_again_and_the_stale_ones_removed(hub, tmp_path):
     src = tmp_path / "tiny.gguf"
     shutil.copy(GGUF, src)
     notes = []
@@ -167,14 +168,14 @@ def test_changed_gguf_is_converted_again_and_the_stale_conversion_removed(hub, t
     os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
     second = resolve(src, note=notes.append).path
     assert second != first and second.is_dir() and not first.exists()
-    assert sum(n.startswith("converted ") for n in notes) == 2 and any(f"removed {first}" in n for n in notes)
+    assert notes == [f"removed {first}, the files of an earlier version of that file"]
     assert json.loads((second / "minigen-source.json").read_text())["path"] == str(src.resolve())
 
 
 def test_info_says_what_the_gguf_became(hub, tmp_path):
     r = cli("info", "--model", GGUF)
     assert r.exit_code == 0, r.output
-    assert f"GGUF file {GGUF}, converted (float32) into {tmp_path / 'weights' / 'gguf'}" in r.stdout
+    assert f"GGUF file {GGUF}, run as stored (config and tokenizer files in {tmp_path / 'weights' / 'gguf'}" in r.stdout
     assert "llama (LlamaForCausalLM)" in r.stdout
 
 
@@ -215,31 +216,14 @@ def test_inspection_commands_take_every_form(hub, form, command):
 def test_the_library_says_nothing_without_callbacks(hub, tmp_path, capfd):
     src = tmp_path / "tiny.gguf"
     shutil.copy(GGUF, src)
-    model, _ = minigen.load(src)  # converts it: silently (the CLI gives note and progress_bar)
-    assert model.path.parent == tmp_path / "weights" / "gguf"
+    model, _ = minigen.load(src)  # makes its files: silently (the CLI gives note)
+    assert model.path == src
+    (files,) = list((tmp_path / "weights" / "gguf").iterdir())
     assert capfd.readouterr() == ("", "")
-    notes, bars = [], []
-
-    class Bar:
-        def __init__(self, label, total):
-            bars.append([label, total, 0])
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def update(self, n):
-            bars[-1][2] += n
-
-    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))  # changed: converted again
-    out = resolve(src, note=notes.append, progress=Bar).path
-    assert notes[0] == f"converting tiny.gguf into {out} (float32, done once for this file)"  # beside the bar
-    assert notes[1].startswith(f"converted tiny.gguf into {out} (float32, done once for this file) in ")
-    assert notes[2] == f"removed {model.path}, the conversion of an earlier version of that file"
-    (label, total, done), = bars
-    assert label == "converting tiny.gguf" and total == done > 0  # every value written was counted
+    notes = []
+    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))  # changed: made again
+    out = resolve(src, note=notes.append).path
+    assert notes == [f"removed {files}, the files of an earlier version of that file"] and out != files
     assert capfd.readouterr() == ("", "")
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 
+from ..engine import quant
 from ..errors import ranges
+from .stored import stored_types
 from .weights import DTYPE_NAMES, checkpoint_dtypes, index_checkpoint, vision_tensors
 
 
@@ -11,7 +13,8 @@ def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
     """Architecture, size, dims, heads, context, dtype on disk, tokenizer, chat template; `origin`: what
     --model named (resolve.Resolved.origin)."""
     c, tok = model.config, tokenizer
-    dtypes = checkpoint_dtypes(model.path)
+    gguf = not model.path.is_dir()   # a GGUF run as stored: model.path is the file
+    dtypes = {} if gguf else checkpoint_dtypes(model.path)
     rows = [
         ("model", origin),
         ("path", str(model.path)),
@@ -27,14 +30,37 @@ def describe(model, tokenizer, origin: str) -> list[tuple[str, object]]:
         ("vocabulary", c.vocab_size),
         ("context", f"{c.max_position_embeddings} tokens" + (f", sliding window {c.sliding_window}"
                                                               if c.sliding_window else "")),
-        ("dtype on disk", ", ".join(DTYPE_NAMES.get(d, d) + (f" ({n} tensors)" if len(dtypes) > 1 else "")
+        ("dtype on disk", "GGUF: its matrices' types as below" if gguf else
+                          ", ".join(DTYPE_NAMES.get(d, d) + (f" ({n} tensors)" if len(dtypes) > 1 else "")
                                     for d, n in sorted(dtypes.items(), key=lambda kv: -kv[1]))),
+        *weight_rows(model),
         ("tokenizer", f"{type(tok.hf.model).__name__}, {tok.vocab_size} tokens"
                       f"{', byte fallback' if tok.byte_fallback_ids else ''}, BOS {tok.special_token('bos_token')}, "
                       f"EOS {tok.special_token('eos_token')}"),
         ("chat template", "yes" if tok.chat_template else "no"),
     ]
     return rows
+
+
+def weight_rows(model) -> list[tuple[str, str]]:
+    """The matrices in memory, per type (count and bytes), and what multiplies them: the kernels (numba), or
+    NumPy's float32 chunks and OpenBLAS (no numba, or MINIGEN_KERNELS=0); float32 arrays: OpenBLAS."""
+    types = stored_types(model.params)
+    held = "; ".join(f"{t} {n} ({b / 1e6:,.1f} MB)" for t, (n, b) in sorted(types.items(), key=lambda kv: -kv[1][1]))
+    kept = set(types) - {"float32"}
+    if not kept:
+        path = "OpenBLAS (float32)" + ("" if quant.kernels_on() else
+                                        f" (without minigen's kernels, {_why_not()}: stored types are "
+                                        f"dequantized at load)")
+    elif quant.kernels_on():
+        path = f"{', '.join(sorted(kept))}: minigen's kernels (numba); float32: OpenBLAS"
+    else:
+        path = f"NumPy: {', '.join(sorted(kept))} dequantized to float32 a chunk at a time, then OpenBLAS ({_why_not()})"
+    return [("matrices", held), ("products", path)]
+
+
+def _why_not() -> str:
+    return "MINIGEN_KERNELS=0" if quant.matrix.kernels is not None else "numba is not installed"
 
 
 def mixer_rows(c) -> list[tuple[str, str]]:
@@ -52,7 +78,7 @@ def mixer_rows(c) -> list[tuple[str, str]]:
 def vision_rows(model) -> list[tuple[str, object]]:
     """A multimodal checkpoint's vision tower and projector: what `info` says of what minigen does not read."""
     c = model.config
-    if not c.wrapper:
+    if not c.wrapper or not model.path.is_dir():
         return []
     skipped = vision_tensors(c.wrapper, index_checkpoint(model.path))
     n = sum(math.prod(r.shape) for r in skipped)

@@ -29,6 +29,8 @@ import numpy as np
 
 from ..engine import parallel
 from ..engine.config import Config
+from ..engine.linear import dense
+from ..engine.quant import StoredMatrix, kernels_on, stack
 from .families import WRAPPERS
 from .fixes import FIXES
 from ..errors import MinigenError, short
@@ -217,6 +219,16 @@ def read_tensor(ref: TensorRef, out: np.ndarray | None = None) -> np.ndarray:
         bits <<= 16
     elif ref.dtype == "F16":
         out[...] = raw
+    return out
+
+
+def read_raw(ref: TensorRef, out: np.ndarray) -> np.ndarray:
+    """A tensor's bytes as stored, into `out` (an array of the tensor's size and itemsize)."""
+    with _open(ref) as f:
+        f.seek(ref.start)
+        got = f.readinto(memoryview(out.reshape(-1)).cast("B")) if out.size else 0
+    if got != ref.nbytes:
+        raise MinigenError(f"{ref.file}: truncated while reading tensor {short(ref.name, 80)}")
     return out
 
 
@@ -443,16 +455,52 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
 
 # --- canonical params ---------------------------------------------------------------------------
 
-def load_params(path: Path, cfg: Config, family) -> dict:
-    """All weights as float32 arrays: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}."""
+def load_params(path: Path, cfg: Config, family, dtype: str | None = None) -> dict:
+    """All weights: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}. float32 arrays, except
+    that (dtype None) a matrix or embedding stored in float16 or bfloat16 is kept in its 16 bits, a
+    StoredMatrix (KEPT: half the memory, and a decode step reads half the bytes); dtype "float32":
+    every tensor as float32, as before weights were kept stored."""
+    if dtype not in (None, "float32"):
+        raise MinigenError(f"--dtype {dtype}: minigen loads a checkpoint as stored or as float32 (--dtype float32)")
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
     tied = "lm_head" not in glob   # the embedding doubles as the output projection: one array, laid out as it
-    params = {k: _read(s, cfg, family, k, k in MATRICES or (tied and k == "embed")) for k, s in glob.items()}
+    keep = dtype is None and kernels_on()
+    params = {k: _load(s, cfg, family, k, k in MATRICES or (tied and k == "embed"), keep) for k, s in glob.items()}
     if tied:
         params["lm_head"] = params["embed"]
-    params["layers"] = [scaled({k: _read(s, cfg, family, k, k in MATRICES) for k, s in srcs.items()}, cfg)
+    params["layers"] = [scaled({k: _load(s, cfg, family, k, k in MATRICES, keep) for k, s in srcs.items()}, cfg)
                         for srcs in layers]
     return params
+
+
+# What may be kept in a stored type (16 bits here, a GGUF's own in gguf/direct.py, --quantize's in stored.py):
+# the projections and the embedding; not the MoE router, a few rows whose products decide routing (float32,
+# as llama.cpp keeps ffn_gate_inp)
+KEPT = {"embed", "lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out",
+        "experts_gate_up", "experts_down"}
+# fixes that only reorder a matrix's rows or transpose it: they act on 16-bit values as on float32 ones
+# (the others, on vectors and convolutions, never meet a kept matrix)
+FIXES_16 = {None, "conv1d", "neox_qkv", "gated_q"}
+
+
+def _load(src: Source, cfg: Config, family, key: str, matrix: bool, keep: bool):
+    """One canonical tensor: a StoredMatrix (or a list of them, experts) when `keep` and it is a KEPT
+    tensor whose parts are all float16 or all bfloat16, else float32 (_read)."""
+    dtypes = {r.dtype for r in src.refs}
+    if not (keep and key in KEPT and len(dtypes) == 1 and dtypes <= {"F16", "BF16"} and src.fix in FIXES_16):
+        return _read(src, cfg, family, key, matrix)
+    type = dtypes.pop()
+    w = np.empty(src.shape, DTYPES[type])                                   # (out, in) or (E, out, in), 16 bits
+    start = 0
+    for ref in src.refs:
+        read_raw(ref, w[start:start + ref.shape[0]] if len(src.refs) > 1 else w.reshape(ref.shape))
+        start += ref.shape[0]
+    if src.fix:
+        w = FIXES[src.fix](w.reshape(src.refs[0].shape) if len(src.refs) == 1 else w, cfg)
+    name = src.refs[0].name
+    if w.ndim == 3:
+        return stack([StoredMatrix.from_bytes(e.view(np.uint8), type, e.shape, f"{name}[{i}]") for i, e in enumerate(w)])
+    return StoredMatrix.from_bytes(np.ascontiguousarray(w).view(np.uint8), type, w.shape, name)
 
 
 BIASES = {"wqkv": "bqkv", "wo": "bo", "w_in": "b_in", "w_out": "b_out", "w_gate_up": "b_gate_up", "w_down": "b_down"}
@@ -465,7 +513,9 @@ def scaled(layer: dict, cfg: Config) -> dict:
     for key, start, stop, factor, bias in cfg.weight_scales:
         for name in (key, BIASES[key]) if bias else (key,):
             if name in layer:
-                w = layer[name].copy(order="K")   # a column-major matrix stays one
+                # a column-major matrix stays one; a kept one becomes float32 (scaled rows are not its
+                # type's values any more), laid out as a float32 matrix is
+                w = layer[name].copy(order="K") if isinstance(layer[name], np.ndarray) else laid_out(dense(layer[name]))
                 w[start:stop] *= np.float32(factor)
                 layer[name] = w
     return layer
@@ -497,6 +547,11 @@ def _read(src: Source, cfg: Config, family, key: str, matrix: bool) -> np.ndarra
 # What a forward pass applies as x @ w.T (with the lm_head, and a tied embedding): read, and laid out.
 MATRICES = {"lm_head", "wqkv", "wo", "w_gate_up", "w_down", "w_up", "w_in", "w_out", "router",
             "experts_gate_up", "experts_down"}
+
+
+def laid_out(w: np.ndarray) -> np.ndarray:
+    """A float32 matrix (or stack) in a loaded matrix's layout, a copy."""
+    return column_major(w) if column_major_for(w.shape) else np.ascontiguousarray(w)
 
 
 def column_major_for(shape: tuple) -> bool:

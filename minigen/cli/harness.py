@@ -201,7 +201,16 @@ def read_stdin(limit: int) -> bytes:
 
 
 def model_option(f):
-    """--model, the same for every command."""
+    """--model, the same for every command, with the load options beside it: --dtype and --quantize (kept in
+    the click context's meta for load_timed, so that no command's signature carries them)."""
+    def keep(name):
+        return lambda ctx, param, value: ctx.meta.__setitem__(name, value) if value is not None else None
+    f = click.option("--quantize", metavar="TYPE", expose_value=False, callback=keep("minigen.quantize"),
+                     help="Quantize the matrices at load, by llama.cpp's rules: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                          "Q4_K, F16 or BF16.")(f)
+    f = click.option("--dtype", type=click.Choice(["float32"]), expose_value=False, callback=keep("minigen.dtype"),
+                     help="Every weight as float32 (default: as stored: a GGUF's own types, float16 and "
+                          "bfloat16 in 16 bits).")(f)
     return click.option("--model", "model_path", metavar="PATH|ID", help=MODEL_HELP)(f)
 
 
@@ -216,12 +225,14 @@ class Loaded:
 def load_timed(spec: str | None) -> Loaded:
     """--model (a directory, a .gguf file or a hub id; None: the default model), loaded; a GGUF's first
     conversion or a download is announced on stderr and not counted as loading."""
-    from ..resolve import load, resolve
+    from ..resolve import load_resolved, resolve
     resolved = resolve(spec, note, progress_bar())
     import numpy as np
     np.seterr(all="ignore")  # non-finite logits are reported per step (steps.py), not as numpy warnings
     start = time.perf_counter()
-    model, tokenizer = load(resolved.path)
+    options = click.get_current_context(silent=True)
+    meta = options.meta if options is not None else {}
+    model, tokenizer = load_resolved(resolved, meta.get("minigen.dtype"), meta.get("minigen.quantize"))
     return Loaded(model, tokenizer, time.perf_counter() - start, resolved)
 
 

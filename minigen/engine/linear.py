@@ -3,7 +3,9 @@
 This is the one place a product with a weight is computed, so that how it is computed can change with
 what the weight is. A float32 weight (checkpoint/weights.py lays it out column-major, or row-major when
 it has more inputs than outputs) goes to OpenBLAS, with the two rules below that this machine's BLAS
-rewards; a weight kept in its checkpoint's own type would go to its kernel here.
+rewards; a weight kept in its checkpoint's own type (a StoredMatrix, quant/) goes to its kernels
+(`w.times(x)`). The few places that need a weight's values rather than its product (an embedding's
+rows, an inspection reading a head's slice) ask `rows_of` and `dense` here, which work on either kind.
 
 OpenBLAS's rules, measured on an AMD EPYC (AVX2), OpenBLAS 0.3.31:
 - a row-major w times a few rows goes as w @ x.T, which OpenBLAS runs faster there (16 rows of
@@ -16,12 +18,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import parallel
+from .quant import STORED
+
 FEW_ROWS = 32    # up to here a product is a decode step's or a short draft's: the rules above apply
 ROW_GROUP = 8
+# A StoredMatrix smaller than this is multiplied on the calling thread alone: waking numba's second thread
+# costs more than it saves there (measured on 2 busy cores, one row: SmolLM2's 576 x 576 Q4_1 0.08 ms on
+# one thread, 0.55 on two; 3072 x 576 0.42 against 0.91; its 28 MB Q8_0 lm_head 7.4 against 5.9)
+ALONE_BYTES = 4 << 20
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """x (N, in) @ w.T (+ b): (N, out)."""
+    """x (N, in) @ w.T (+ b): (N, out). w: a float32 array, or a StoredMatrix (its kernels)."""
+    if isinstance(w, STORED):
+        y = w.times(x, 1 if w.nbytes < ALONE_BYTES or parallel.alone() else None)
+        return y if b is None else y + b
     n = len(x)
     if not 1 < n <= FEW_ROWS:
         y = x @ w.T
@@ -40,3 +52,18 @@ def padded_rows(n: int) -> int:
     group is cheaper as it is."""
     over = n % ROW_GROUP
     return n + ROW_GROUP - over if over >= 4 else n
+
+
+def rows_of(w, ids) -> np.ndarray:
+    """Rows `ids` of a weight (out, in) as float32 (n, in), a copy: an embedding lookup, a few unembedding rows."""
+    return w.rows(ids) if isinstance(w, STORED) else w[ids]
+
+
+def dense(w) -> np.ndarray:
+    """A weight's values as a float32 array: the array itself, or a StoredMatrix dequantized (a copy, for the
+    inspection commands that read a weight's entries; the forward pass never asks)."""
+    if isinstance(w, STORED):
+        return w.dequantize()
+    if isinstance(w, list):   # stored experts: one StoredMatrix per expert -> (E, out, in)
+        return np.stack([dense(m) for m in w])
+    return w

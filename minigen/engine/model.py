@@ -41,7 +41,7 @@ from . import parallel
 from .config import Config
 from .hooks import Hooks
 from .layers import activation, gated, layer_norm, query_scale, rms_norm, rope_tables, softcap
-from .linear import linear
+from .linear import linear, rows_of
 from .mixers import Pass, make_cache, mixer_of
 from .moe import moe_mlp
 from . import cache as caches
@@ -225,7 +225,7 @@ def rope_tables_for(r, positions: np.ndarray, length: int | None = None) -> tupl
 
 
 def embed(params: dict, cfg: Config, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    x = params["embed"][ids]                                                 # (N, D), a copy
+    x = rows_of(params["embed"], ids)                                        # (N, D), a copy
     if cfg.embed_scale:  # Gemma: sqrt(D), rounded to the activation dtype as HF does
         x *= np.float32(cfg.hidden_size ** 0.5)
     if cfg.embed_multiplier != 1.0:  # Granite, Falcon-H1
@@ -252,7 +252,8 @@ def norm(x: np.ndarray, p: dict, cfg: Config, name: str) -> np.ndarray:
 # --- the loaded model --------------------------------------------------------------------------------
 
 class Model:
-    """A checkpoint's forward pass: its Config and float32 params. It holds no generation state (the
+    """A checkpoint's forward pass: its Config and params (float32 arrays, or StoredMatrix where a weight is
+    kept in its checkpoint's own type). It holds no generation state (the
     cache is passed in) and loads nothing itself: `minigen.load` builds it beside the tokenizer."""
 
     def __init__(self, config: Config, params: dict, generation_config: dict | None = None,
@@ -307,7 +308,8 @@ class Model:
         seen, total = set(), 0
         for a in [v for k, v in self.params.items() if k != "layers"] + \
                  [v for layer in self.params["layers"] for v in layer.values()]:
-            if id(a) not in seen:
-                seen.add(id(a))
-                total += a.size
+            for m in a if isinstance(a, list) else [a]:   # stored experts: a list of matrices
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    total += m.size
         return total

@@ -145,10 +145,18 @@ def blas_alone():
     with _lock:
         before = get()
         put(1)
+        _local.alone = True
         try:
             yield
         finally:
+            _local.alone = False
             put(before)
+
+
+def alone() -> bool:
+    """Whether this thread's products keep to it (inside blas_alone or in_threads' tasks): minigen's kernels
+    (linear.py) then run on one thread too, for the same reason."""
+    return getattr(_local, "alone", False) or getattr(_local, "worker", False)
 
 
 def for_decode(n_rows: int):

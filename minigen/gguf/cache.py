@@ -7,6 +7,8 @@ Slow work is reported through callbacks the caller gives: `note(message)` for on
 `progress` for a progress bar (convert.Progress); without them nothing is said.
 
     weights_dir()/gguf/<name>-<key>/     a GGUF file's conversion; key hashes its path, size and mtime
+    weights_dir()/gguf/<name>-<key>-files/  what a GGUF run as stored reads beside the file (gguf/direct.py):
+                                         config.json, generation_config.json, the tokenizer files; no weights
     weights_dir()/smollm2-135m-instruct/ the default model (default_model.py)
 """
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import MinigenError
-from .convert import Progress, Result, convert_gguf, read_plan
+from ..files import atomic_dir
+from .convert import Plan, Progress, Result, _write_json, convert_gguf, read_plan
 
 CONVERTER_VERSION = 2  # part of every conversion's marker: a conversion made by an older converter is redone
 MARKER = "minigen-source.json"  # written into each conversion: what it was made from, by which converter
@@ -94,6 +97,32 @@ def gguf_checkpoint(source: Path, note: Note | None = None, progress: Progress |
     return out
 
 
+FILES_VERSION = 1   # part of the files directory's marker: a change to what it holds makes it again
+
+
+def gguf_files(source: Path, note: Note | None = None) -> tuple[Path, Plan]:
+    """(the directory of a GGUF's non-weight files, its checked plan without tokenizer files), making the
+    directory on first use (and after the file changes). The plan is what gguf/direct.py builds params from."""
+    identity = {**_identity(source), "kind": "files"}
+    key = hashlib.sha256(json.dumps({**identity, "files": FILES_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
+    out = gguf_cache_dir() / f"{_slug(source.stem)}-{key}-files"
+    if (out / "config.json").is_file() and (out / MARKER).is_file():
+        return out, read_plan(source, tokenizer=False)
+    plan = read_plan(source)
+    try:
+        with atomic_dir(out) as tmp:
+            _write_json(tmp / "config.json", dict(plan.config, torch_dtype="float32", dtype="float32"))
+            _write_json(tmp / "generation_config.json", plan.generation)
+            for name, text in plan.tokenizer_files.items():
+                (tmp / name).write_text(text, encoding="utf-8")
+            _write_json(tmp / MARKER, {**identity, "files": FILES_VERSION})
+    except MinigenError:
+        if not (out / MARKER).is_file():   # else another process made it at the same time: use theirs
+            raise
+    _remove_stale(out, identity["path"], note or _silent, "files")   # (making them takes ~1 s: not announced)
+    return out, plan
+
+
 def _identity(source: Path) -> dict:
     st = source.stat()
     return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -103,19 +132,21 @@ def _slug(stem: str) -> str:
     return re.sub(r"[^\w.-]+", "_", stem)[:80] or "model"
 
 
-def _remove_stale(keep: Path, source_path: str, note: Note) -> None:
-    """Conversions of earlier versions of the same file: they would never be used again."""
+def _remove_stale(keep: Path, source_path: str, note: Note, kind: str | None = None) -> None:
+    """Conversions (or, kind "files", files directories) of earlier versions of the same file: they would
+    never be used again."""
     for d in keep.parent.iterdir():
         marker = d / MARKER
         if d == keep or not marker.is_file():
             continue
         try:
-            stale = json.loads(marker.read_text(encoding="utf-8")).get("path") == source_path
+            made = json.loads(marker.read_text(encoding="utf-8"))
+            stale = made.get("path") == source_path and made.get("kind") == kind
         except (OSError, ValueError, AttributeError):
             continue
         if stale:
             shutil.rmtree(d, ignore_errors=True)
-            note(f"removed {d}, the conversion of an earlier version of that file")
+            note(f"removed {d}, the {'files' if kind else 'conversion'} of an earlier version of that file")
 
 
 def _silent(message: str) -> None:

@@ -115,8 +115,10 @@ def convert_gguf(source: str | Path, out_dir: str | Path, dtype: str = "float32"
     return Result(out_dir, len(plan.tensors), plan.n_params, nbytes)
 
 
-def read_plan(source: str | Path) -> Plan:
-    """Read and check a GGUF's metadata and tensor directory (no tensor data): what converting it would write."""
+def read_plan(source: str | Path, tokenizer: bool = True) -> Plan:
+    """Read and check a GGUF's metadata and tensor directory (no tensor data): what converting it would write.
+    tokenizer=False leaves the tokenizer files out (tokenizer_files {}: a GGUF run as stored whose files are
+    made already; building Qwen's 151k-token tokenizer.json is most of a plan's time)."""
     source = Path(source)
     meta, infos = _read_header(source)
     arch = meta.get("general.architecture")
@@ -134,7 +136,7 @@ def read_plan(source: str | Path) -> Plan:
     config = _config(arch, m, infos, extras)
     model_config = _check_against_minigen(arch, config, tensors, source)
     return Plan(source, arch, config, _generation_config(config, special_ids(meta, source)),
-                tokenizer_files(meta, source), tensors, model_config)
+                tokenizer_files(meta, source) if tokenizer else {}, tensors, model_config)
 
 
 def _block(name: str) -> int | None:

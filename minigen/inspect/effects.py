@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engine.mixers import has_attention
 from ..engine import model as M
+from ..engine.linear import rows_of
 from ..errors import MinigenError
 from ..generation.sampling import largest, log_softmax
 from .args import attention_layer, index
@@ -166,7 +167,7 @@ def logit_diff(model, x_row: np.ndarray, answer: int, wrong: int) -> float:
     lm_head it needs, and the family's soft-cap (no full unembedding per patched run)."""
     cfg, params = model.config, model.params
     h = M.norm(np.asarray(x_row, np.float32)[None], params, cfg, "final_norm")      # (1, D)
-    logits = (h @ params["lm_head"][[answer, wrong]].T)[0].astype(np.float64)        # (2,)
+    logits = (h @ rows_of(params["lm_head"], [answer, wrong]).T)[0].astype(np.float64)        # (2,)
     logits *= cfg.logits_multiplier  # Granite: 1 / logits_scaling; Falcon-H1: lm_head_multiplier
     if cfg.final_softcap:
         logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..engine import model as M
 from ..engine import moe
+from ..engine.linear import dense
 from ..errors import MinigenError
 from .hooks import layer_inputs
 
@@ -53,7 +54,7 @@ def without_experts(model, experts: list[tuple[int, int]]):
     with those experts' slices zeroed."""
     params = dict(model.params, layers=list(model.params["layers"]))
     for layer in sorted({l for l, _ in experts}):
-        down = np.array(params["layers"][layer]["experts_down"])                # (E, D, F), a copy
+        down = np.array(dense(params["layers"][layer]["experts_down"]))         # (E, D, F), a float32 copy
         down[[e for l, e in experts if l == layer]] = 0
         params["layers"][layer] = dict(params["layers"][layer], experts_down=down)
     return M.Model(model.config, params, model.generation_config, model.path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine import mixers, model as M
-from ..engine.linear import linear
+from ..engine.linear import dense, linear
 from ..engine.attention import attend, causal_mask
 from ..errors import MinigenError
 from ..engine.layers import apply_rope
@@ -52,7 +52,8 @@ def head_weights(model, layer: int, head: int) -> dict:
     rows = {"q": slice(head * d, (head + 1) * d),
             "k": slice((H + kv) * d, (H + kv + 1) * d),
             "v": slice((H + cfg.n_kv_heads + kv) * d, (H + cfg.n_kv_heads + kv + 1) * d)}
-    out = {f"w_{n}": p["wqkv"][r].T for n, r in rows.items()}                # (D, d) each
+    wqkv = dense(p["wqkv"])                                                  # ((H + 2 KV) d, D) float32
+    out = {f"w_{n}": wqkv[r].T for n, r in rows.items()}                     # (D, d) each
     if "bqkv" in p:
         out.update({f"b_{n}": p["bqkv"][r] for n, r in rows.items()})
     out["kv_head"] = kv
@@ -123,7 +124,7 @@ def value_norms(model, ids) -> np.ndarray:
         p = params["layers"][l]
         x = M.norm(x_in[l], p, cfg, "attn_norm") if cfg.pre_norms else x_in[l]
         v = mixers.qkv_heads(x, None, p, cfg)[2].transpose(1, 0, 2)              # (KV, T, d); RoPE leaves v alone
-        sent = np.einsum("htd,Dhd->htD", v[kv], p["wo"].reshape(-1, H, d))  # (H, T, D)
+        sent = np.einsum("htd,Dhd->htD", v[kv], dense(p["wo"]).reshape(-1, H, d))  # (H, T, D)
         out.append(np.linalg.norm(sent, axis=-1))
     return np.stack(out).astype(np.float32)
 

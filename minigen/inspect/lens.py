@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import model as M
+from ..engine.linear import dense, rows_of
 from ..generation.sampling import largest, log_softmax
 from .hooks import layer_inputs, logits_of
 
@@ -80,7 +81,7 @@ def head_vectors(model, layer: int, z_row: np.ndarray) -> np.ndarray:
     """(H, D): what each head writes at one position, z_h · W_O[:, h·d:(h+1)·d]ᵀ, before the output bias."""
     cfg = model.config
     H, d = cfg.n_heads, cfg.head_dim
-    wo = model.params["layers"][layer]["wo"].reshape(-1, H, d)            # (D, H, d): HF's (out, in)
+    wo = dense(model.params["layers"][layer]["wo"]).reshape(-1, H, d)            # (D, H, d): HF's (out, in)
     return np.einsum("hd,Dhd->hD", np.asarray(z_row, np.float64), wo)
 
 
@@ -90,7 +91,8 @@ def direct_attribution(model, ids, position: int, target: int, vs: int | None = 
     "logit"} — total is the sum of the parts and equals "logit", the model's own pre-cap value."""
     cfg, params = model.config, model.params
     x, kept = layer_inputs(model, ids)
-    u = (params["lm_head"][target].astype(np.float64) - (0 if vs is None else params["lm_head"][vs])) * cfg.logits_multiplier
+    u = (rows_of(params["lm_head"], [target])[0].astype(np.float64)
+         - (0 if vs is None else rows_of(params["lm_head"], [vs])[0])) * cfg.logits_multiplier
     final = freeze(cfg, params, "final_norm", x[-1][position])
     to_logit = lambda c: final(c) @ u
     heads, attn_bias, attn, mlp = [], [], [], []

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine.hooks import Hooks
+from ..engine.linear import dense
 from ..engine.mixers import has_attention
 from ..engine.attention import STREAM_ROWS, causal_weights
 
@@ -206,7 +207,7 @@ def scan(model, ids, layers: list[int], heads: list[int], plain: list, view: lis
     through the consumers (`view` ones value-weighted if asked); the kept queries and keys when `keep`.
     `norms`, a dict, gets each kept layer's value norms (Hk, T) (the full page's value-weighted toggle)."""
     ids = model.check_ids(ids)
-    wo = {l: model.params["layers"][l]["wo"] for l in layers} if value_weighted or norms is not None else None
+    wo = {l: dense(model.params["layers"][l]["wo"]) for l in layers} if value_weighted or norms is not None else None
     tap = Tap(model.config, layers, heads, plain, view, wo, value_weighted, keep, keep_values, norms)
     hooks = tap if keep or wo is not None else None   # hooked forwards may stay on one thread: only when needed
     model.forward(ids, model.make_cache(len(ids)), last_only=True, record=tap, hooks=hooks)

@@ -15,8 +15,17 @@
 May import: numpy, numba (optional: without it every product goes through NumPy and OpenBLAS), and
 `minigen.errors`.
 """
+from . import matrix
 from .formats import FORMATS
-from .matrix import HAVE_KERNELS, RUNS, StoredMatrix, refuse_type, stack, type_name
+from .matrix import HAVE_KERNELS, RUNS, STORED, StoredMatrix, StoredRows, refuse_type, stack, type_name
 from .quantize import QUANTIZERS
 
-__all__ = ["FORMATS", "HAVE_KERNELS", "QUANTIZERS", "RUNS", "StoredMatrix", "refuse_type", "stack", "type_name"]
+__all__ = ["FORMATS", "HAVE_KERNELS", "QUANTIZERS", "RUNS", "STORED", "StoredMatrix", "StoredRows", "kernels_on",
+           "refuse_type", "stack", "type_name"]
+
+
+def kernels_on() -> bool:
+    """Whether stored matrices are multiplied by the kernels (numba installed, MINIGEN_KERNELS not 0). Without
+    them a loader keeps nothing stored: each product would dequantize its matrix again (the NumPy path), so
+    the weights are dequantized once, at load, and the engine runs as it did on float32."""
+    return matrix.HAVE_KERNELS

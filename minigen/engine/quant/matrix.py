@@ -18,6 +18,7 @@ Experts (E, out, in) are a list of StoredMatrix, one per expert (`stack`), each 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,9 +34,14 @@ try:   # numba is optional: without it the NumPy path below computes the same pr
 except ImportError:   # pragma: no cover - the CI environment has numba
     int8 = kernels = None
 
-HAVE_KERNELS = kernels is not None
+# MINIGEN_KERNELS=0 forces the NumPy reference path (float32 chunks and OpenBLAS) even where numba is installed
+HAVE_KERNELS = kernels is not None and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
 TILE, GROUP = 64, 32
-BLAS_ROWS = 64     # from this many rows on, products go through float32 chunks and OpenBLAS (measured: bench_kernels.py)
+# from this many rows on, products go through float32 chunks and OpenBLAS. bench_kernels.py put the switch at 64
+# rows on an idle AMD EPYC; on the busy Intel Xeon here (2026-12-02) the kernel beat that path at 64, 128 and 512
+# rows on every matrix tried (SmolLM2's 3072 x 576 Q4_1 at 128 rows: 16 ms against 32, its 49152 x 576 Q8_0
+# lm_head at 512: 520 against 637) and OpenBLAS's float32 GEMM itself at up to 128
+BLAS_ROWS = 512
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -98,6 +104,30 @@ class StoredMatrix:
         return self.tiles.nbytes
 
     @property
+    def size(self) -> int:
+        """How many weights (out x in), as an array's size."""
+        return self.shape[0] * self.shape[1]
+
+    ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> "StoredMatrix":
+        """Rows lo..hi of the outputs, a StoredMatrix: a view of the tiles when lo is a multiple of 64 and
+        hi is one or the end (Qwen3.5's q/k/v and gate rows of wqkv with head_dim 64, 128, 256), else a copy
+        re-tiled from the file's bytes of those rows."""
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("a StoredMatrix takes a slice of rows (for single rows: .rows(ids))")
+        lo, hi, _ = rows.indices(self.shape[0])
+        hi = max(lo, hi)
+        if (lo, hi) == (0, self.shape[0]):
+            return self
+        if lo % TILE == 0 and (hi % TILE == 0 or hi == self.shape[0]):
+            return StoredMatrix(self.type, (hi - lo, self.shape[1]), self.tiles[lo // TILE:-(-hi // TILE)], self.name)
+        return StoredMatrix.from_bytes(self.raw(slice(lo, hi)), self.type, (hi - lo, self.shape[1]), self.name)
+
+    @property
     def groups(self) -> int:
         """Groups of 32 inputs in one block of the tiles."""
         return max(1, FORMATS[self.type].block // GROUP) if self.type not in FLOATS else 1
@@ -146,17 +176,19 @@ class StoredMatrix:
 
     # --- the product ---------------------------------------------------------------------------------------
 
-    def times(self, x: np.ndarray) -> np.ndarray:
-        """x (N, in) float32 -> (N, out) = x @ self.dequantize().T."""
+    def times(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """x (N, in) float32 -> (N, out) = x @ self.dequantize().T; the kernel on `threads` of numba's
+        threads (None: all)."""
         if HAVE_KERNELS and len(x) < BLAS_ROWS:
-            return self.times_kernel(x)
+            return self.times_kernel(x, threads)
         return self.times_blas(x)
 
-    def times_kernel(self, x: np.ndarray) -> np.ndarray:
+    def times_kernel(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """The numba kernel, whatever N (tests and benchmarks call it directly)."""
         x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
         y = np.empty((len(x), self.shape[0]), np.float32)
-        kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
+        with kernels.threads(threads):
+            kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
         return y
 
     def times_int8(self, x: np.ndarray) -> np.ndarray:
@@ -193,6 +225,61 @@ class StoredMatrix:
         with kernels.threads(threads):
             kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
         return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """A matrix (out, in) whose blocks of rows are kept in different types: a fused projection whose parts a
+    GGUF stores in two types (a Q4_K_M file's Q4_K attn_q and attn_k beside a Q6_K attn_v). Each part is
+    multiplied alone and the outputs placed side by side: x @ W.T = [x @ W_1.T, x @ W_2.T, ...]."""
+    parts: tuple              # StoredMatrix, each (out_i, in)
+    name: str = ""
+    ndim = 2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def type(self) -> str:
+        return "+".join(dict.fromkeys(p.type for p in self.parts))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"StoredRows({self.name!r}, {self.type}, {self.shape})"
+
+    def times(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        return np.concatenate([p.times(x, threads) for p in self.parts], axis=1)
+
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts])
+
+    def rows(self, ids) -> np.ndarray:
+        return self.dequantize()[np.asarray(ids, dtype=np.int64).reshape(-1)]
+
+    def __getitem__(self, rows: slice) -> "StoredRows | StoredMatrix":
+        """Rows lo..hi: each part's share of them (StoredMatrix's slices), one part as itself."""
+        lo, hi, _ = rows.indices(self.shape[0])
+        pieces, at = [], 0
+        for p in self.parts:
+            a, b = max(lo, at), min(hi, at + p.shape[0])
+            if a < b:
+                pieces.append(p[a - at:b - at])
+            at += p.shape[0]
+        return pieces[0] if len(pieces) == 1 else StoredRows(tuple(pieces), self.name)
+
+
+STORED = (StoredMatrix, StoredRows)   # what linear() multiplies by its kernels
 
 
 def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:

@@ -1,0 +1,136 @@
+"""A GGUF run as stored (gguf/direct.py): on every committed GGUF fixture (llama.cpp's converter and quantizer
+made them), the model built straight from the file, its matrices kept in the file's types, gives the logits of
+the float32 checkpoint `minigen convert` makes of the same file (to 1e-4 of their scale) and the same greedy
+tokens; a type the kernels do not run is refused naming the tensor and the type."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import minigen
+from conftest import FIXTURES_DIR, greedy
+from minigen.checkpoint.stored import stored_types
+from minigen.engine.quant import StoredMatrix
+from minigen.errors import MinigenError
+from minigen.gguf.convert import convert_gguf
+from minigen.resolve import load_gguf, load_model
+
+GGUF = FIXTURES_DIR / "gguf"
+NAMES = sorted(k for k in json.loads((GGUF / "archs.json").read_text(encoding="utf-8")) if not k.startswith("_"))
+PROMPT = np.array([1, 5, 9, 2, 7, 3, 11, 4, 6, 8, 10, 12])
+
+
+@pytest.fixture(autouse=True)
+def weights_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path / "weights"))   # the files directories go there
+
+
+def close(a, b, tol=1e-4):
+    scale = float(np.abs(b).max())
+    assert float(np.abs(a - b).max()) <= tol * scale, (float(np.abs(a - b).max()), scale)
+
+
+def converted(name, tmp_path):
+    convert_gguf(GGUF / f"{name}.gguf", tmp_path / name, progress=False)
+    return load_model(tmp_path / name, dtype="float32")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "quants"])
+def test_direct_gguf_equals_the_converted_float32_model(name, tmp_path):
+    direct, ref = load_gguf(GGUF / f"{name}.gguf"), converted(name, tmp_path)
+    assert direct.config == ref.config
+    close(direct.logits(PROMPT), ref.logits(PROMPT))
+    assert greedy(direct, PROMPT, 6)[0] == greedy(ref, PROMPT, 6)[0]
+    assert direct.n_params == ref.n_params
+
+
+def test_direct_keeps_quantized_matrices_stored():
+    model = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    assert "Q8_0" in stored_types(model.params)
+    assert any(isinstance(v, StoredMatrix) and v.type == "Q8_0" for layer in model.params["layers"] for v in layer.values())
+
+
+def test_a_type_minigen_does_not_run_is_refused_naming_it(tmp_path):
+    with pytest.raises(MinigenError, match=r"quants\.gguf: tensor blk\.\d+\.\w+\.weight: GGUF type (IQ|TQ|Q2_K|Q3_K|MXFP4)\S* "
+                                           r"is not one minigen runs .*--dtype float32"):
+        load_gguf(GGUF / "quants.gguf")
+    close(load_gguf(GGUF / "quants.gguf", dtype="float32").logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))
+
+
+def test_load_of_a_gguf_runs_it_as_stored_with_its_tokenizer(tmp_path):
+    model, tok = minigen.load(GGUF / "llama.gguf")
+    assert model.path == GGUF / "llama.gguf" and "F16" in stored_types(model.params)
+    ref_model, ref_tok = minigen.load(tmp_path / "llama") if convert_gguf(GGUF / "llama.gguf", tmp_path / "llama",
+                                                                           progress=False) else None
+    assert tok.encode("The cat sat") == ref_tok.encode("The cat sat")
+    assert len(list((tmp_path / "weights" / "gguf").iterdir())) == 1   # the files directory: no weights in it
+    assert not list((tmp_path / "weights" / "gguf").glob("*/model.safetensors"))
+    q = minigen.load(GGUF / "llama.gguf", quantize="Q8_0")[0]
+    assert set(stored_types(q.params)) <= {"Q8_0", "float32"}
+
+
+def test_info_says_which_path_and_types(tmp_path):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    r = CliRunner().invoke(main, ["info", "--model", str(GGUF / "granitemoehybrid_q8_0.gguf")])
+    assert r.exit_code == 0, r.output
+    assert "run as stored" in r.stdout and "Q8_0 13 (" in r.stdout and "F16 4 (" in r.stdout
+    assert "products:" in r.stdout and "kernels (numba)" in r.stdout
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q4_0"])
+    assert r.exit_code == 0 and "Q4_0" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--dtype", "float32"])
+    assert r.exit_code == 0 and "products:          OpenBLAS (float32)" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q9"])
+    assert r.exit_code == 1 and r.stderr.strip().splitlines() == [
+        "minigen: error: --quantize Q9: not a type minigen quantizes to (one of F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+        "Q5_1, Q4_K)"]
+
+
+def test_without_kernels_a_gguf_loads_as_float32(monkeypatch, tmp_path):
+    """MINIGEN_KERNELS=0 (or no numba): nothing kept stored (each product would dequantize again), the same logits."""
+    from minigen.engine.quant import matrix
+    stored = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    monkeypatch.setattr(matrix, "HAVE_KERNELS", False)
+    plain = load_gguf(GGUF / "granitemoehybrid_q8_0.gguf")
+    assert set(stored_types(plain.params)) == {"float32"}
+    close(plain.logits(PROMPT), stored.logits(PROMPT))
+    q = load_model(FIXTURES_DIR / "llama_bf16", quantize="Q8_0")
+    assert set(stored_types(q.params)) == {"float32"}   # the quantized values, as float32
+
+
+def test_fused_parts_of_two_types_are_kept_apart(tmp_path):
+    """A Q4_K_M file stores attn_v (and some ffn_down) in Q6_K beside Q4_K q and k: the fused wqkv is then a
+    StoredRows of one matrix per type. Here q, k Q8_0 beside an F16 v and ffn_up (written by gguf-py)."""
+    import gguf
+    from test_convert import write_gguf
+    from minigen.engine.quant import StoredRows
+
+    def mixed(name, t):
+        if name.endswith(("attn_v.weight", "ffn_up.weight")):
+            return name, (gguf.quants.quantize(t, gguf.GGMLQuantizationType.F16), gguf.GGMLQuantizationType.F16)
+        return name, (gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0) \
+            if t.ndim == 2 else t
+    src = write_gguf(FIXTURES_DIR / "llama_linear_rope", tmp_path / "mixed.gguf", tensor_hook=mixed)
+    direct = load_gguf(src)
+    layer = direct.params["layers"][0]
+    assert isinstance(layer["wqkv"], StoredRows) and layer["wqkv"].type == "Q8_0+F16"
+    assert isinstance(layer["w_gate_up"], StoredRows) and stored_types(direct.params)["F16"][0] == 2 * direct.config.n_layers
+    convert_gguf(src, tmp_path / "mixed", progress=False)
+    ref = load_model(tmp_path / "mixed", dtype="float32")
+    close(direct.logits(PROMPT), ref.logits(PROMPT))
+    assert greedy(direct, PROMPT, 6)[0] == greedy(ref, PROMPT, 6)[0]
+
+
+def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, tmp_path):
+    """quants.gguf (llama-quantize, 18 types): with the refusal lifted, each matrix of a type the kernels run
+    kept stored, the rest float32: the converted model's logits. Kept here: the Q6_K embedding (and tied
+    output), Q5_K, Q6_K, Q4_0, Q4_1 and Q8_0 projections; its Q4_K, Q5_0, Q5_1, F16 and BF16 tensors are v or k
+    of a wqkv whose q is a type minigen does not run, so that wqkv is float32."""
+    from minigen.gguf import direct
+    monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
+    model = load_gguf(GGUF / "quants.gguf")
+    kept = set(stored_types(model.params)) - {"float32"}
+    assert kept == {"Q4_0", "Q4_1", "Q5_K", "Q6_K", "Q8_0"}, kept
+    close(model.logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))
