@@ -18,6 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigen"
 LAZY_ALLOWED = {
     "minigen.cli": "start-up time: a command imports the modules only it needs when it runs, so that "
                    "`minigen --help` and the Ctrl-C handler come before NumPy and the engine load",
+    "minigen.engine.quant.matrix": "memory and start-up: the numba kernels (and numba, ~60 MB) load on the first "
+                                   "product with a stored matrix, so that a float32 model never imports them",
 }
 PRINTS_ALLOWED = ("minigen.cli", "minigen.serve", "minigen.__main__")
 

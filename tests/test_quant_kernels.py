@@ -75,7 +75,7 @@ def test_numpy_path_equals_the_definition(matrices, name, monkeypatch):
 
 @pytest.fixture(scope="module")
 def kernels():
-    return pytest.importorskip("numba", reason="the kernels need numba") and matrix_module.kernels
+    return pytest.importorskip("numba", reason="the kernels need numba") and matrix_module._compiled()[0]
 
 
 @pytest.mark.parametrize("name", TYPES)

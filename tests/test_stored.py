@@ -100,3 +100,16 @@ def test_load_options_checked():
         load_model(FIXTURES_DIR / "llama_bf16", quantize="Q2_X")
     q = load_model(FIXTURES_DIR / "llama_bf16", quantize="Q8_0")
     assert "Q8_0" in stored_types(q.params)
+
+
+def test_a_float32_model_does_not_load_numba():
+    """numba (and the kernels) load with the first stored product, not with minigen: a float32 checkpoint's
+    run never imports them, a stored one's does (a fresh interpreter each)."""
+    import subprocess
+    import sys
+    code = ("import sys, minigen; m, t = minigen.load(sys.argv[1], dtype=sys.argv[2] or None); "
+            "m.logits(t.encode('hello')); print('numba' in sys.modules)")
+    run = lambda dtype: subprocess.run([sys.executable, "-c", code, str(FIXTURES_DIR / "llama_bf16"), dtype],
+                                       capture_output=True, text=True, timeout=120).stdout.strip()
+    assert run("float32") == "False"
+    assert run("") == "True"

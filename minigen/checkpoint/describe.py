@@ -60,7 +60,7 @@ def weight_rows(model) -> list[tuple[str, str]]:
 
 
 def _why_not() -> str:
-    return "MINIGEN_KERNELS=0" if quant.matrix.kernels is not None else "numba is not installed"
+    return "MINIGEN_KERNELS=0" if quant.matrix.HAVE_NUMBA else "numba is not installed"
 
 
 def mixer_rows(c) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ Experts (E, out, in) are a list of StoredMatrix, one per expert (`stack`), each 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -29,13 +30,11 @@ from .formats import BY_GGML_TYPE, FORMATS, OTHER_GGML_TYPES
 from .formats import dequantize as dequantize_rows
 from .quantize import QUANTIZERS, quantize_rows
 
-try:   # numba is optional: without it the NumPy path below computes the same products
-    from . import int8, kernels
-except ImportError:   # pragma: no cover - the CI environment has numba
-    int8 = kernels = None
-
-# MINIGEN_KERNELS=0 forces the NumPy reference path (float32 chunks and OpenBLAS) even where numba is installed
-HAVE_KERNELS = kernels is not None and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
+# numba is optional: without it the NumPy path below computes the same products. It is imported with the
+# kernels on the first stored product (`_compiled`), not with this module: a float32 model never pays its
+# ~60 MB and 0.3 s. MINIGEN_KERNELS=0 forces the NumPy reference path even where numba is installed.
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+HAVE_KERNELS = HAVE_NUMBA and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
 TILE, GROUP = 64, 32
 # from this many rows on, products go through float32 chunks and OpenBLAS. bench_kernels.py put the switch at 64
 # rows on an idle AMD EPYC; on the busy Intel Xeon here (2026-12-02) the kernel beat that path at 64, 128 and 512
@@ -187,6 +186,7 @@ class StoredMatrix:
         """The numba kernel, whatever N (tests and benchmarks call it directly)."""
         x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
         y = np.empty((len(x), self.shape[0]), np.float32)
+        kernels = _compiled()[0]
         with kernels.threads(threads):
             kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
         return y
@@ -195,6 +195,7 @@ class StoredMatrix:
         """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
         llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
         Q6_K); a model multiplies its other types' matrices with the exact kernel."""
+        int8 = _compiled()[1] if HAVE_KERNELS else None
         if not HAVE_KERNELS or self.type not in int8.TYPES:
             why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
             raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
@@ -222,6 +223,7 @@ class StoredMatrix:
         lo, hi, _ = rows.indices(self.shape[0])
         t0, t1 = lo // TILE, -(-hi // TILE)
         w_t = np.empty((self.tiles.shape[1] * self.groups * GROUP, (t1 - t0) * TILE), np.float32)
+        kernels = _compiled()[0]
         with kernels.threads(threads):
             kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
         return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
@@ -318,3 +320,9 @@ def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
     if x.shape[1] == n:
         return x
     return np.concatenate([x, np.zeros((len(x), n - x.shape[1]), np.float32)], axis=1)
+
+
+def _compiled():
+    """(kernels, int8): the numba modules, imported on first use (numba loads with them)."""
+    from . import int8, kernels
+    return kernels, int8
