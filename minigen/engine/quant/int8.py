@@ -28,7 +28,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _scales
+from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _scales, ir_bits, ir_splat
 from .quantize import _round_half_away
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # what this module multiplies
@@ -79,15 +79,11 @@ class _Pass:
         return self.load(self.b.gep(self.base, [self.b.mul(self.i64(r), self.i64(TILE))]), self.j0, I8)
 
     def splat(self, value, t):
-        v = self.b.insert_element(ir.Constant(_vec(t), ir.Undefined), value, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(v, v, ir.Constant(_vec(I32), [0] * LANES))
+        return ir_splat(self.b, value, t, LANES)
 
     def bits(self, v, shift, mask):
         """(v >> shift) & mask of a <16 x i8> row (shift: a Python int or an IR i64), as <16 x i16>."""
-        b = self.b
-        v = b.zext(v, _vec(I16))
-        amount = _const(I16, shift) if isinstance(shift, int) else self.splat(b.trunc(shift, I16), I16)
-        return b.and_(b.lshr(v, amount), _const(I16, mask))
+        return ir_bits(self.b, v, shift, mask, I16, LANES)
 
     def x(self, i):
         """xq[x0 + i] broadcast, <16 x i16>."""

@@ -184,6 +184,19 @@ def _splat_const(t, value):
     return ir.Constant(_vec(t), [value] * LANES)
 
 
+def ir_splat(b, value, t, lanes: int = LANES):
+    """value broadcast to <lanes x t>."""
+    v = b.insert_element(ir.Constant(_vec(t, lanes), ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, v, ir.Constant(_vec(I32, lanes), [0] * lanes))
+
+
+def ir_bits(b, v, shift, mask: int, t, lanes: int = LANES):
+    """(v >> shift) & mask of a <lanes x i8> vector, widened to <lanes x t> (shift: a Python int or an IR i64)."""
+    v = b.zext(v, _vec(t, lanes))
+    amount = ir.Constant(_vec(t, lanes), [shift] * lanes) if isinstance(shift, int) else ir_splat(b, b.trunc(shift, t), t, lanes)
+    return b.and_(b.lshr(v, amount), ir.Constant(_vec(t, lanes), [mask] * lanes))
+
+
 def _k4_scales(b, row, g):
     """(s, o) = (d·sc, dmin·m) of group g (an IR i64) of a Q4_K / Q5_K block, from its byte rows
     (row(r) -> <n x i8>): get_scale_min_k4 on vectors, both of its forms computed and one selected."""
@@ -256,15 +269,11 @@ class _Unit:
         return [self.load(base, j, t) for j in self.pieces]
 
     def splat(self, value, t):
-        v = self.b.insert_element(ir.Constant(_vec(t), ir.Undefined), value, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(v, v, ir.Constant(_vec(I32), [0] * LANES))
+        return ir_splat(self.b, value, t)
 
     def bits(self, v, shift, mask):
         """(v >> shift) & mask for a piece <8 x i8> (shift: a Python int or an IR i64), as <8 x i32>."""
-        b = self.b
-        v = b.zext(v, _vec(I32))
-        amount = _splat_const(I32, shift) if isinstance(shift, int) else self.splat(b.trunc(shift, I32), I32)
-        return b.and_(b.lshr(v, amount), _splat_const(I32, mask))
+        return ir_bits(self.b, v, shift, mask, I32)
 
     def fifth(self, code, high_bits):
         """code | (high_bits << 4), <8 x i32>."""
