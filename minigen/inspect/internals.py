@@ -167,21 +167,6 @@ def induction_probe(model, tok, n: int | None = None, seed: int = 0, first: str 
 
 # --- verifying a dump ---------------------------------------------------------------------------------
 
-def verify_rows(model, token_ids, matrices: dict[int, np.ndarray], heads: list[int]) -> float:
-    """Max |dumped - recomputed| over every kept layer/head, recomputing the whole sequence uncached."""
-    record = prompt_attention(model, token_ids)
-    return max(float(np.abs(m.astype(np.float32) - record[l][heads]).max()) for l, m in matrices.items())
-
-
-def verify_dump(model, token_ids, matrices: dict[int, np.ndarray], heads: list[int], dtype) -> float:
-    """verify_rows, refused (MinigenError) past what the dump's dtype keeps: 1e-4 in float32, 2e-3 in float16."""
-    err = verify_rows(model, token_ids, matrices, heads)
-    tol = 1e-4 if np.dtype(dtype).itemsize == 4 else 2e-3
-    if err > tol:
-        raise MinigenError(f"--attn-verify: dumped rows differ from the uncached recomputation by {err:.2e} (> {tol:g})")
-    return err
-
-
 # --- the model-level walk-through ------------------------------------------------------------------------
 
 def trace_lines(model, tok, ids, layer: int, head: int, token: int, limit: int = 12,
