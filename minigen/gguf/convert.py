@@ -585,15 +585,22 @@ def _dequantise(plan: Plan, t: _Tensor):
         yield w
 
 
-def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype, name: str) -> np.ndarray:
-    """`rows` rows of a tensor, read with plain file reads (no memory map keeps them resident), as float32."""
-    from gguf import GGMLQuantizationType as Q, quants
-
+def read_rows(source: Path, offset: int, row_bytes: int, rows: int, name: str) -> np.ndarray:
+    """`rows` rows of a tensor as the file stores them, (rows, row bytes) uint8: one plain read (no memory
+    map keeps them resident)."""
     raw = np.empty((rows, row_bytes), np.uint8)
     with open(source, "rb") as f:
         f.seek(offset)
         if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
             raise MinigenError(f"{source}: truncated file: tensor {name} runs past the end of the file")
+    return raw
+
+
+def _dequantise_rows(source: Path, offset: int, row_bytes: int, rows: int, qtype, name: str) -> np.ndarray:
+    """`rows` rows of a tensor, read with plain file reads (no memory map keeps them resident), as float32."""
+    from gguf import GGMLQuantizationType as Q, quants
+
+    raw = read_rows(source, offset, row_bytes, rows, name)
     try:
         if qtype == Q.F32:
             return raw.view("<f4")

@@ -33,7 +33,7 @@ from ..checkpoint.fixes import FIXES
 from ..checkpoint.weights import KEPT, MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled
 from ..engine.quant import RUNS, StoredMatrix, StoredRows, kernels_on, refuse_type, stack
 from ..errors import MinigenError
-from .convert import Plan, _dequantise, _Tensor
+from .convert import Plan, _dequantise, _Tensor, read_rows
 
 ROW_FIXES = {None, "unpermute_q", "unpermute_k", "neox_per_head", "neox_qkv", "gated_q", "dn_qkv", "dn_rows"}
 
@@ -121,12 +121,7 @@ def _stored(plan: Plan, src: Source, parts: list[_Tensor]):
 
 def _rows(plan: Plan, t: _Tensor, start: int, n: int) -> np.ndarray:
     """Rows start..start+n of a tensor as the file stores them, (n, row bytes) uint8: one plain read."""
-    raw = np.empty((n, t.row_bytes), np.uint8)
-    with open(plan.source, "rb") as f:
-        f.seek(t.offset + start * t.row_bytes)
-        if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
-            raise MinigenError(f"{plan.source}: truncated file: tensor {t.gguf_name} runs past the end of the file")
-    return raw
+    return read_rows(plan.source, t.offset + start * t.row_bytes, t.row_bytes, n, t.gguf_name)
 
 
 def _float32(plan: Plan, family, key: str, src: Source, parts: list[_Tensor]) -> np.ndarray:
