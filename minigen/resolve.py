@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .checkpoint.config import load_config, parse_generation_config
 from .checkpoint.families import FAMILIES
-from .checkpoint.stored import check_quantize, quantized
+from .checkpoint.stored import check_activations, check_quantize, quantized, with_int8_activations
 from .checkpoint.weights import load_params
 from .engine.model import Model
 from .engine.parallel import release_free_heap
@@ -55,25 +55,36 @@ class Resolved:
     gguf: Path | None = None   # a GGUF run as stored: the file (path then holds its config and tokenizer files)
 
 
-def load(spec: str | PathLike, dtype: str | None = None, quantize: str | None = None) -> tuple[Model, Tokenizer]:
+def load(spec: str | PathLike, dtype: str | None = None, quantize: str | None = None,
+         activations: str | None = None) -> tuple[Model, Tokenizer]:
     """(model, tokenizer) of a checkpoint directory, a GGUF file or a hub id; MinigenError naming the
     file at fault. (The default model: `load(gguf.default_model.default_model_path())`.) A GGUF's first
     conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it.
     Weights are kept as stored (float16 and bfloat16 matrices in 16 bits) unless dtype="float32";
-    quantize="Q8_0" (Q4_0, Q4_K, ...: checkpoint/stored.py) quantizes the matrices at load."""
+    quantize="Q8_0" (Q4_0, Q4_K, ...: checkpoint/stored.py) quantizes the matrices at load.
+    activations="int8": products with Q4_0 ... Q8_0, Q4_K, Q6_K matrices round their activations to int8
+    per block of 32 and use integer dot products, as llama.cpp does (faster, not exact; default: exact)."""
     if not isinstance(spec, (str, PathLike)):
         raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "
                            f"a path), got {type(spec).__name__}")
-    return load_resolved(resolve(spec), dtype, quantize)
+    return load_resolved(resolve(spec), dtype, quantize, activations)
 
 
-def load_resolved(resolved: Resolved, dtype: str | None = None, quantize: str | None = None) -> tuple[Model, Tokenizer]:
+def load_resolved(resolved: Resolved, dtype: str | None = None, quantize: str | None = None,
+                  activations: str | None = None) -> tuple[Model, Tokenizer]:
     """(model, tokenizer) of what `resolve` found: a checkpoint directory, or a GGUF run as stored."""
+    activations = check_activations(activations)
+    if activations and dtype == "float32":
+        raise MinigenError("--activations int8 multiplies matrices kept in a stored type: not with --dtype float32")
     tokenizer = Tokenizer.from_dir(resolved.path)  # before the weights: its parsing peak then adds to nothing
     release_free_heap()  # what the tokenizer's JSON parse left in malloc's heap: ~16 MB for the default model
     if resolved.gguf is not None:
-        return load_gguf(resolved.gguf, dtype, quantize), tokenizer
-    return load_model(resolved.path, dtype, quantize), tokenizer
+        model = load_gguf(resolved.gguf, dtype, quantize)
+    else:
+        model = load_model(resolved.path, dtype, quantize)
+    if activations:
+        model.params = with_int8_activations(model.params, str(resolved.gguf or resolved.path))
+    return model, tokenizer
 
 
 def load_gguf(source: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:

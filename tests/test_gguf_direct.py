@@ -134,3 +134,47 @@ def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, t
     kept = set(stored_types(model.params)) - {"float32"}
     assert kept == {"Q4_0", "Q4_1", "Q5_K", "Q6_K", "Q8_0"}, kept
     close(model.logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))
+
+
+# --- --activations int8 -----------------------------------------------------------------------------------
+
+def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch, tmp_path):
+    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q6_K, Q8_0 beside Q5_K and float32):
+    every product with a matrix of those four types rounds its activations (int8.reference, NumPy, stands in
+    for each kernel call in the twin), the others stay exact; the logits equal the twin's, and differ from
+    the exact model's by what the rounding costs (not zero: the option is on)."""
+    from minigen.checkpoint.stored import int8_types, with_int8_activations
+    from minigen.engine.quant import int8, matrix
+    from minigen.gguf import direct
+    monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
+    exact = load_gguf(GGUF / "quants.gguf")
+    fast = minigen.engine.model.Model(exact.config, with_int8_activations(exact.params, "quants.gguf"),
+                                      exact.generation_config, exact.path)
+    assert int8_types(fast.params) == {"Q4_0", "Q4_1", "Q6_K", "Q8_0"} and not int8_types(exact.params)
+    got = fast.logits(PROMPT)
+    calls = []
+    monkeypatch.setattr(matrix.StoredMatrix, "times_int8", lambda m, x, threads=None: calls.append(m.type) or int8.reference(m, x))
+    twin = fast.logits(PROMPT)
+    assert set(calls) == {"Q4_0", "Q4_1", "Q6_K", "Q8_0"}
+    close(got, twin)
+    ref = exact.logits(PROMPT)
+    err = float(np.abs(got - ref).max()) / float(np.abs(ref).max())
+    assert 1e-5 < err < 5e-2, err
+
+
+def test_int8_activations_refused_where_they_cannot_run(tmp_path):
+    with pytest.raises(MinigenError, match=r"--activations int8: .*llama_bf16 keeps no matrix in a type it runs with int8"):
+        minigen.load(str(FIXTURES_DIR / "llama_bf16"), activations="int8")
+    with pytest.raises(MinigenError, match="not with --dtype float32"):
+        minigen.load(str(GGUF / "llama.gguf"), dtype="float32", activations="int8")
+    with pytest.raises(MinigenError, match="--activations int4: not one minigen runs"):
+        minigen.load(str(GGUF / "llama.gguf"), activations="int4")
+
+
+def test_info_names_the_int8_products(tmp_path):
+    from click.testing import CliRunner
+    from minigen.cli import main
+    out = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q8_0",
+                                    "--activations", "int8"])
+    assert out.exit_code == 0, out.output
+    assert "Q8_0 with activations rounded to int8 (--activations int8, not exact)" in out.output

@@ -186,3 +186,41 @@ def test_int8_refuses_other_types(kernels, matrices):
     m, _ = matrices["Q5_K"]
     with pytest.raises(MinigenError, match="test.Q5_K: Q5_K cannot be multiplied with int8 activations"):
         m.times_int8(np.zeros((1, m.shape[1]), np.float32))
+
+
+def test_int8_compiled_rounding_equals_the_numpy_rule(kernels):
+    """The compiled quantizer times_int8 uses (int8.quantize_compiled: int8 codes, a scale per 32, code sums
+    per 16) rounds exactly as quantize_activations, halves included, and sums what it rounded."""
+    from minigen.engine.quant import int8
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 256)).astype(np.float32) * np.float32(3)
+    x[1, :32] = 0
+    x[2, :32] = np.float32(127) * np.arange(-16, 16, dtype=np.float32) / np.float32(16) / np.float32(2)  # halves
+    x[2, 0] = 127
+    q, d, s = int8.quantize_activations(x)
+    cq, cd, cs = int8.quantize_compiled(x)
+    assert cq.dtype == np.int8 and np.array_equal(cq, q) and np.array_equal(cd, d)
+    assert np.array_equal(cs.reshape(3, -1, 2).sum(axis=2), s)
+    assert np.array_equal(cs, q.reshape(3, -1, 16).sum(axis=2))
+
+
+def test_int8_sums_without_vnni_equal_the_numpy_twin(kernels, tmp_path):
+    """Where the CPU has no vpdpbusd the integer sums are plain IR (MINIGEN_VNNI=0 forces them here, in a
+    fresh interpreter with its own numba cache, as the cache knows the CPU but not that switch)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_blocks import random_matrix\n"
+            "from minigen.engine.quant import int8, StoredMatrix\n"
+            "assert not int8.VNNI\n"
+            "rng = np.random.default_rng(5)\n"
+            "for name in ('Q4_K', 'Q6_K', 'Q8_0', 'Q5_0'):\n"
+            "    m = StoredMatrix.from_bytes(random_matrix(name, 80, 512, rng), name, (80, 512))\n"
+            "    x = rng.standard_normal((3, 512)).astype(np.float32)\n"
+            "    scale = np.abs(x) @ np.abs(m.dequantize()).T\n"
+            "    assert (np.abs(m.times_int8(x) - int8.reference(m, x)) <= 1e-5 * scale).all(), name\n"
+            "print('ok')\n")
+    env = dict(os.environ, MINIGEN_VNNI="0", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -5,7 +5,7 @@ import math
 
 from ..engine import quant
 from ..errors import ranges
-from .stored import stored_types
+from .stored import int8_types, stored_types
 from .weights import DTYPE_NAMES, checkpoint_dtypes, index_checkpoint, vision_tensors
 
 
@@ -54,6 +54,9 @@ def weight_rows(model) -> list[tuple[str, str]]:
                                         f"dequantized at load)")
     elif quant.kernels_on():
         path = f"{', '.join(sorted(kept))}: minigen's kernels (numba); float32: OpenBLAS"
+        rounded = sorted(int8_types(model.params))
+        if rounded:
+            path += f"; {', '.join(rounded)} with activations rounded to int8 (--activations int8, not exact)"
     else:
         path = f"NumPy: {', '.join(sorted(kept))} dequantized to float32 a chunk at a time, then OpenBLAS ({_why_not()})"
     return [("matrices", held), ("products", path)]

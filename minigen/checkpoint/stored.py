@@ -9,10 +9,13 @@ Vectors (norms, biases, convolutions, the recurrent layers' parameters) stay flo
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..engine.linear import dense
 from ..engine.quant import FORMATS, QUANTIZERS, STORED, StoredMatrix, StoredRows, kernels_on, stack
+from ..engine.quant.matrix import INT8_TYPES
 from ..errors import MinigenError
 from .weights import KEPT, laid_out
 
@@ -63,6 +66,50 @@ def _quantize(w: np.ndarray, type: str, name: str):
     return w
 
 
+def check_activations(value: str | None) -> str | None:
+    """--activations' value: None (exact float32 products), or "int8"."""
+    if value is None or str(value).lower() == "float32":
+        return None
+    if str(value).lower() != "int8":
+        raise MinigenError(f"--activations {value}: not one minigen runs (int8, or float32: the default, exact)")
+    return "int8"
+
+
+def with_int8_activations(params: dict, source: str) -> dict:
+    """params whose matrices of INT8_TYPES multiply with activations rounded to int8 per block of 32
+    (StoredMatrix.int8: llama.cpp's arithmetic, not exact); the other types' products stay exact. A model
+    with no such matrix, or no kernels to run them, is refused naming `source`."""
+    if not kernels_on():
+        raise MinigenError(f"--activations int8: {source}: needs numba's kernels (numba is not installed, "
+                           "or MINIGEN_KERNELS=0)")
+    done: dict[int, object] = {}
+    changed = []
+
+    def one(v):
+        if id(v) in done:
+            return done[id(v)]
+        if isinstance(v, StoredMatrix):
+            out = replace(v, int8=True) if v.type in INT8_TYPES else v
+            if out is not v:
+                changed.append(out)
+        elif isinstance(v, StoredRows):
+            out = StoredRows(tuple(one(p) for p in v.parts), v.name)
+        elif isinstance(v, list) and v and isinstance(v[0], StoredMatrix):
+            out = [one(p) for p in v]
+        else:
+            out = v
+        done[id(v)] = out
+        return out
+
+    out = {k: one(v) for k, v in params.items() if k != "layers"}
+    out["layers"] = [{k: one(v) for k, v in layer.items()} for layer in params["layers"]]
+    if not changed:
+        kept = ", ".join(stored_types(params)) or "none"
+        raise MinigenError(f"--activations int8: {source} keeps no matrix in a type it runs with int8 activations "
+                           f"({', '.join(INT8_TYPES)}; this model: {kept}); a GGUF of those types, or --quantize, does")
+    return out
+
+
 def dequantized(params: dict) -> dict:
     """params with every StoredMatrix (and list of them) as float32: the model a stored one must equal."""
     cast = lambda v: laid_out(dense(v)) if isinstance(v, (*STORED, list)) else v  # noqa: E731
@@ -71,6 +118,17 @@ def dequantized(params: dict) -> dict:
     if params.get("lm_head") is params.get("embed"):
         out["lm_head"] = out["embed"]
     return out
+
+
+def int8_types(params: dict) -> set[str]:
+    """The types of the params' matrices that multiply with int8 activations (with_int8_activations)."""
+    layers = params.get("layers", [])
+    found = set()
+    for v in [v for k, v in params.items() if k != "layers"] + [v for layer in layers for v in layer.values()]:
+        for m in v if isinstance(v, list) else v.parts if isinstance(v, StoredRows) else [v]:
+            if isinstance(m, StoredMatrix) and m.int8:
+                found.add(m.type)
+    return found
 
 
 def stored_types(params: dict) -> dict[str, tuple[int, int]]:

@@ -201,13 +201,18 @@ def read_stdin(limit: int) -> bytes:
 
 
 def model_option(f):
-    """--model, the same for every command, with the load options beside it: --dtype and --quantize (kept in
+    """--model, the same for every command, with the load options beside it: --dtype, --quantize and --activations (kept in
     the click context's meta for load_timed, so that no command's signature carries them)."""
     def keep(name):
         return lambda ctx, param, value: ctx.meta.__setitem__(name, value) if value is not None else None
     f = click.option("--quantize", metavar="TYPE", expose_value=False, callback=keep("minigen.quantize"),
                      help="Quantize the matrices at load, by llama.cpp's rules: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
                           "Q4_K, F16 or BF16.")(f)
+    f = click.option("--activations", type=click.Choice(["int8", "float32"]), expose_value=False,
+                     callback=keep("minigen.activations"),
+                     help="int8: products with Q4_0 ... Q8_0, Q4_K, Q6_K matrices round activations to int8 per "
+                          "block of 32 and use integer dot products, as llama.cpp does: faster, not exact "
+                          "(default float32: exact).")(f)
     f = click.option("--dtype", type=click.Choice(["float32"]), expose_value=False, callback=keep("minigen.dtype"),
                      help="Every weight as float32 (default: as stored: a GGUF's own types, float16 and "
                           "bfloat16 in 16 bits).")(f)
@@ -232,7 +237,8 @@ def load_timed(spec: str | None) -> Loaded:
     start = time.perf_counter()
     options = click.get_current_context(silent=True)
     meta = options.meta if options is not None else {}
-    model, tokenizer = load_resolved(resolved, meta.get("minigen.dtype"), meta.get("minigen.quantize"))
+    model, tokenizer = load_resolved(resolved, meta.get("minigen.dtype"), meta.get("minigen.quantize"),
+                                     meta.get("minigen.activations"))
     return Loaded(model, tokenizer, time.perf_counter() - start, resolved)
 
 

@@ -26,7 +26,7 @@ ROW_GROUP = 8
 # A StoredMatrix smaller than this is multiplied on the calling thread alone: waking numba's second thread
 # costs more than it saves there (measured on 2 busy cores, one row: SmolLM2's 576 x 576 Q4_1 0.08 ms on
 # one thread, 0.55 on two; 3072 x 576 0.42 against 0.91; its 28 MB Q8_0 lm_head 7.4 against 5.9)
-ALONE_BYTES = 4 << 20
+ALONE_BYTES = 64 << 10
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:

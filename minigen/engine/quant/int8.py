@@ -22,19 +22,29 @@ added to the outputs. The tile layout, the units and the scales are kernels.py's
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _scales, ir_bits, ir_splat
+from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _prefetch_ahead, _scales, ir_splat
 from .quantize import _round_half_away
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # what this module multiplies
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLOAT = ir.FloatType()
 LANES = 16
+# the integer dot product of 4 unsigned by 4 signed bytes per 32-bit lane in one instruction (vpdpbusd,
+# 256 bits: AVX512-VNNI with VL, or AVX-VNNI): Zen 4 and Intel's AVX-512 CPUs have it; elsewhere the
+# same sums in plain IR. numba's cache keys a compiled kernel by the CPU's name and features.
+_FEATURES = binding.get_host_cpu_features()
+VNNI512 = bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
+VNNI = VNNI512 or bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
+if os.environ.get("MINIGEN_VNNI", "1").strip() == "0":   # the plain-IR sums, to test them on a CPU with VNNI
+    VNNI = VNNI512 = False
 
 
 def _vec(t, n=LANES):
@@ -46,21 +56,27 @@ def _const(t, value, n=LANES):
 
 
 class _Pass:
-    """IR for the 16 outputs j0 ... j0 + 15 of one unit of one tile block (arguments: blk, u, s, o, s2,
-    o2, xq, x0, dx, xs, g0, acc; see _unit)."""
+    """IR for the 16 outputs j0 ... j0 + 15 of one unit of one tile block, for `nrows` rows of activations
+    n0 ... n0 + nrows − 1 (arguments: blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc; see _unit): the
+    codes of a weight are made once and multiplied by every row."""
 
-    def __init__(self, context, builder, sig, args, j0):
+    def __init__(self, context, builder, sig, args, j0, nrows):
         self.b = b = builder
         arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
-        self.u, self.j0 = args[1], j0
+        self.u, self.j0, self.nrows = args[1], j0, nrows
         self.scales = [self.load(b.bitcast(arr(i).data, FLOAT.as_pointer()), j0, FLOAT) for i in (2, 3, 4, 5)]
-        self.xq = b.bitcast(arr(6).data, I16.as_pointer())
-        self.x0 = args[7]
-        self.dx = b.bitcast(arr(8).data, FLOAT.as_pointer())
-        self.xs = b.bitcast(arr(9).data, FLOAT.as_pointer())
-        self.g0 = args[10]
-        self.acc = b.bitcast(arr(11).data, FLOAT.as_pointer())
+        self.xq, self.xq_row = b.bitcast(arr(6).data, I8.as_pointer()), width(6)
+        self.n0, self.x0 = args[7], args[8]
+        self.dx, self.dx_row = b.bitcast(arr(9).data, FLOAT.as_pointer()), width(9)
+        self.xs, self.xs_row = b.bitcast(arr(10).data, FLOAT.as_pointer()), width(10)
+        self.g0 = args[11]
+        self.acc = b.bitcast(arr(12).data, FLOAT.as_pointer())
+
+    def at_row(self, r, stride, i):
+        """Element i of activation row n0 + r of an array whose rows are `stride` long."""
+        return self.add(self.b.mul(self.add(self.n0, r), stride), i)
 
     def i64(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
@@ -71,63 +87,122 @@ class _Pass:
             total = self.b.add(total, self.i64(t))
         return total
 
-    def load(self, ptr, at, t):
-        return self.b.load(self.b.bitcast(self.b.gep(ptr, [self.i64(at)]), _vec(t).as_pointer()), align=1)
+    def load(self, ptr, at, t, n=LANES):
+        return self.b.load(self.b.bitcast(self.b.gep(ptr, [self.i64(at)]), _vec(t, n).as_pointer()), align=1)
 
     def row(self, r):
         """Byte row r of the block at this pass's 16 outputs, <16 x i8>."""
         return self.load(self.b.gep(self.base, [self.b.mul(self.i64(r), self.i64(TILE))]), self.j0, I8)
 
-    def splat(self, value, t):
-        return ir_splat(self.b, value, t, LANES)
+    def quad(self, r):
+        """Byte rows r ... r + 3 (r: an IR i64, or a function of 0..3 giving each row) of the 16 outputs,
+        interleaved: lane j of the <16 x i32> result holds output j's four bytes, rows r ... r + 3 in order,
+        as an integer dot product wants them (4 inputs of one output per 32-bit lane)."""
+        b = self.b
+        rows = [self.row(r(q) if callable(r) else self.add(r, q)) for q in range(4)]
+        return _interleave(b, rows)
 
-    def bits(self, v, shift, mask):
-        """(v >> shift) & mask of a <16 x i8> row (shift: a Python int or an IR i64), as <16 x i16>."""
-        return ir_bits(self.b, v, shift, mask, I16, LANES)
+    def splat(self, value, t, n=LANES):
+        return ir_splat(self.b, value, t, n)
 
-    def x(self, i):
-        """xq[x0 + i] broadcast, <16 x i16>."""
-        return self.splat(self.b.load(self.b.gep(self.xq, [self.add(self.x0, i)])), I16)
+    def x4(self, r, i, n=8):
+        """xq[n0 + r, x0 + i ... x0 + i + 3], four int8 as one i32, broadcast to <n x i32>."""
+        b = self.b
+        at = self.at_row(r, self.xq_row, self.add(self.x0, i))
+        word = b.load(b.bitcast(b.gep(self.xq, [at]), I32.as_pointer()), align=1)
+        return self.splat(word, I32, n)
 
-    def scalar(self, ptr, i):
-        return self.b.load(self.b.gep(ptr, [self.add(self.g0, i)]))
+    def dx_of(self, r, i):
+        """Row r's activation scale of the unit's group i, broadcast."""
+        return self.fsplat(self.b.load(self.b.gep(self.dx, [self.at_row(r, self.dx_row, self.add(self.g0, i))])))
 
-    def sums(self, count: int, inner: int, streams):
-        """Integer sums over `count` steps l of each stream: streams(l) -> [(codes <16 x i16>, input)],
-        sum_l codes · xq[x0 + input], kept in int16 for `inner` steps at a time. -> [<16 x i32>] per stream."""
+    def xsum(self, r, half):
+        """Row r's code sum over inputs 16·half ... of the unit's first group (xs holds one per 16)."""
+        at = self.at_row(r, self.xs_row, self.add(self.b.mul(self.g0, self.i64(2)), half))
+        return self.fsplat(self.b.load(self.b.gep(self.xs, [at])))
+
+    def sums(self, count: int, streams):
+        """Integer sums over `count` steps l of each stream: streams(l) -> [(codes <64 x i8> as quad()
+        lays them out, unsigned, first input)], for each row r the sum over l of each output's 4 codes
+        times xq[n0 + r, x0 + input ... + 3] (dot4). -> per row, [<16 x float>] per stream (exact:
+        |sum| < 2^24)."""
         b = self.b
         n = len(streams(ir.Constant(I64, 0)))
-        wide = [cgutils.alloca_once_value(b, _const(I32, 0)) for _ in range(n)]
-        with cgutils.for_range(b, self.i64(count // inner)) as outer:
-            narrow = [cgutils.alloca_once(b, _vec(I16)) for _ in range(n)]
-            for a in narrow:
-                b.store(_const(I16, 0), a)
-            with cgutils.for_range(b, self.i64(inner)) as step:
-                l = self.add(b.mul(outer.index, self.i64(inner)), step.index)
-                for a, (codes, i) in zip(narrow, streams(l)):
-                    b.store(b.add(b.load(a), b.mul(codes, self.x(i))), a)
-            for w, a in zip(wide, narrow):
-                b.store(b.add(b.load(w), b.sext(b.load(a), _vec(I32))), w)
-        return [b.sitofp(b.load(w), _vec(FLOAT)) for w in wide]
+        rows = range(self.nrows)
+        if VNNI512:   # one <16 x i32> sum per stream and row
+            acc = [[cgutils.alloca_once_value(b, _const(I32, 0)) for _ in range(n)] for _ in rows]
+            fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", (), ir.FunctionType(_vec(I32), [_vec(I32)] * 3))
+            with cgutils.for_range(b, self.i64(count)) as step:
+                for k, (codes, i) in enumerate(streams(step.index)):
+                    for r in rows:
+                        b.store(b.call(fn, [b.load(acc[r][k]), b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES)]), acc[r][k])
+            return [[b.sitofp(b.load(a), _vec(FLOAT)) for a in row] for row in acc]
+        acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in rows]
+        with cgutils.for_range(b, self.i64(count)) as step:
+            for k, (codes, i) in enumerate(streams(step.index)):
+                parts = [b.bitcast(b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))),
+                                   _vec(I32, 8)) for h in range(2)]
+                for r in rows:
+                    x = self.x4(r, i)
+                    for half in range(2):
+                        a = acc[r][k][half]
+                        b.store(_dot4(b, b.load(a), parts[half], x), a)
+        mask = ir.Constant(_vec(I32, 16), list(range(16)))
+        return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
 
-    def add_to_outputs(self, value):
-        """acc[j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a vector's
-        natural alignment (64 bytes) would let LLVM emit aligned moves, which fault on AVX-512."""
-        at = self.b.bitcast(self.b.gep(self.acc, [self.i64(self.j0)]), _vec(FLOAT).as_pointer())
+    def add_to_outputs(self, r, value):
+        """acc[n0 + r, j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a
+        vector's natural alignment (64 bytes) would let LLVM emit aligned moves, which fault on AVX-512."""
+        at = self.at_row(r, self.i64(TILE), self.j0)
+        at = self.b.bitcast(self.b.gep(self.acc, [at]), _vec(FLOAT).as_pointer())
         self.b.store(self.b.fadd(self.b.load(at, align=4), value), at, align=4)
 
     def fsplat(self, v):
         return self.splat(v, FLOAT)
 
 
-def _int8_kernel(emit, doc: str):
+def _interleave(b, rows):
+    """Four <16 x i8> rows -> <64 x i8>, lane j (bytes 4j ... 4j + 3) = rows[0][j] ... rows[3][j]."""
+    mask = lambda k: ir.Constant(_vec(I32, k), list(range(k)))
+    ab = b.shuffle_vector(rows[0], rows[1], mask(32))
+    cd = b.shuffle_vector(rows[2], rows[3], mask(32))
+    order = [(q % 2) * 16 + j + (32 if q >= 2 else 0) for j in range(16) for q in range(4)]
+    return b.shuffle_vector(ab, cd, ir.Constant(_vec(I32, 64), order))
+
+
+def _dot4(b, acc, codes, x):
+    """acc <8 x i32> + per lane the sum of its 4 unsigned bytes of codes times the 4 signed bytes of x:
+    vpdpbusd where the CPU has it (AVX512-VNNI or AVX-VNNI, one instruction for 32 products), else plain
+    IR (widen, multiply, add the 4 products of each lane)."""
+    if VNNI:
+        fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", (), ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3))
+        return b.call(fn, [acc, codes, x])
+    u = b.zext(b.bitcast(codes, _vec(I8, 32)), _vec(I32, 32))
+    s = b.sext(b.bitcast(x, _vec(I8, 32)), _vec(I32, 32))
+    p = b.mul(u, s)
+    for q in range(4):
+        acc = b.add(acc, b.shuffle_vector(p, p, ir.Constant(_vec(I32, 8), [4 * j + q for j in range(8)])))
+    return acc
+
+
+def _bytes(n, value):
+    return ir.Constant(_vec(I8, n), [value] * n)
+
+
+def _nibbles(b, v):
+    """The low and high nibbles of <64 x i8>, each <64 x i8>."""
+    v = b.bitcast(v, _vec(I8, 64))
+    return b.and_(v, _bytes(64, 15)), b.and_(b.lshr(v, _bytes(64, 4)), _bytes(64, 15))
+
+
+def _int8_kernel(emit, doc: str, nrows: int):
     @intrinsic
-    def fn(typingctx, blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc):
+    def fn(typingctx, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
         def codegen(context, builder, sig, args):
             for j0 in range(0, TILE, LANES):
-                emit(_Pass(context, builder, sig, args, j0))
+                emit(_Pass(context, builder, sig, args, j0, nrows))
             return context.get_dummy_value()
-        return types.none(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc), codegen
+        return types.none(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc), codegen
     fn.__doc__ = doc
     return fn
 
@@ -138,123 +213,180 @@ def _emit_k4(p: _Pass):
     b = p.b
     rows = p.add(b.mul(p.u, p.i64(32)), 16)
 
-    def streams(l):
-        byte = p.row(b.add(rows, l))
-        return [(p.bits(byte, 0, 15), l), (p.bits(byte, 4, 15), b.add(l, p.i64(32)))]
-    lo, hi = p.sums(GROUP, 16, streams)
+    def streams(step):
+        l = b.mul(step, p.i64(4))
+        lo, hi = _nibbles(b, p.quad(b.add(rows, l)))
+        return [(lo, l), (hi, b.add(l, p.i64(32)))]
+    sums = p.sums(8, streams)
     (s, o), (s2, o2) = (_k4_scales(b, p.row, g) for g in (b.mul(p.u, p.i64(2)), p.add(b.mul(p.u, p.i64(2)), 1)))
-    terms = []
-    for i, (d, sc, off) in enumerate(((lo, s, o), (hi, s2, o2))):
-        dx, xs = p.fsplat(p.scalar(p.dx, i)), p.fsplat(p.scalar(p.xs, i))
-        terms.append(b.fmul(dx, b.fsub(b.fmul(sc, d), b.fmul(off, xs))))
-    p.add_to_outputs(b.fadd(terms[0], terms[1]))
+    for r, (lo, hi) in enumerate(sums):
+        terms = []
+        for i, (d, sc, off) in enumerate(((lo, s, o), (hi, s2, o2))):
+            xs = b.fadd(p.xsum(r, 2 * i), p.xsum(r, 2 * i + 1))
+            terms.append(b.fmul(p.dx_of(r, i), b.fsub(b.fmul(sc, d), b.fmul(off, xs))))
+        p.add_to_outputs(r, b.fadd(terms[0], terms[1]))
 
 
 def _emit_q6(p: _Pass):
     """Q6_K unit g = quarter r of half h: input l's low 4 bits in ql byte 64h + 32(r % 2) + l (nibble
-    r // 2), high 2 bits in qh byte 128 + 32h + l, bits 2r; codes − 32 in -32..31 (so 8 products of
-    them fit in int16). acc += dx·(s·D_0..15 + s2·D_16..31)."""
+    r // 2), high 2 bits in qh byte 128 + 32h + l, bits 2r; codes 0..63, value (d·sc)·(code − 32), sc per
+    16 inputs (s, s2). acc += dx·(s·(D_0..15 − 32·xs_0..15) + s2·(D_16..31 − 32·xs_16..31))."""
     b = p.b
     h, r = b.lshr(p.u, p.i64(2)), b.and_(p.u, p.i64(3))
     ql = p.add(b.mul(h, p.i64(64)), b.mul(b.and_(r, p.i64(1)), p.i64(32)))
     qh = p.add(b.mul(h, p.i64(32)), 128)
-    nibble, pair = b.mul(b.lshr(r, p.i64(1)), p.i64(4)), b.mul(r, p.i64(2))
+    nibble = p.splat(b.trunc(b.mul(b.lshr(r, p.i64(1)), p.i64(4)), I8), I8, 64)
+    pair = p.splat(b.trunc(b.mul(r, p.i64(2)), I8), I8, 64)
 
     def code(l):
-        low = p.bits(p.row(b.add(ql, l)), nibble, 15)
-        high = p.bits(p.row(b.add(qh, l)), pair, 3)
-        return b.sub(b.or_(low, b.shl(high, _const(I16, 4))), _const(I16, 32))
+        low = b.and_(b.lshr(b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64)), nibble), _bytes(64, 15))
+        high = b.and_(b.lshr(b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64)), pair), _bytes(64, 3))
+        return b.or_(low, b.shl(high, _bytes(64, 4)))
 
-    def streams(l):
+    def streams(step):
+        l = b.mul(step, p.i64(4))
         return [(code(l), l), (code(b.add(l, p.i64(16))), b.add(l, p.i64(16)))]
-    first, second = p.sums(16, 8, streams)
     s, _, s2, _ = p.scales
-    dx = p.fsplat(p.scalar(p.dx, 0))
-    p.add_to_outputs(b.fmul(dx, b.fadd(b.fmul(s, first), b.fmul(s2, second))))
+    c32 = p.fsplat(ir.Constant(FLOAT, 32.0))
+    for r, (first, second) in enumerate(p.sums(4, streams)):
+        a = b.fmul(s, b.fsub(first, b.fmul(c32, p.xsum(r, 0))))
+        c = b.fmul(s2, b.fsub(second, b.fmul(c32, p.xsum(r, 1))))
+        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fadd(a, c)))
 
 
 def _emit_q8(p: _Pass):
-    """Q8_0: int8 codes in bytes 2..33 (two products of them fit in int16). acc += dx·d·D."""
+    """Q8_0: int8 codes in bytes 2..33, made unsigned (q + 128, a flip of the top bit). acc += dx·d·(D − 128·xs)."""
     b = p.b
 
-    def streams(l):
-        return [(b.sext(p.row(p.add(2, l)), _vec(I16)), l), (b.sext(p.row(p.add(18, l)), _vec(I16)), b.add(l, p.i64(16)))]
-    first, second = p.sums(16, 2, streams)
-    dx = p.fsplat(p.scalar(p.dx, 0))
-    p.add_to_outputs(b.fmul(dx, b.fmul(p.scales[0], b.fadd(first, second))))
+    def streams(step):
+        l = b.mul(step, p.i64(4))
+        v = b.xor(b.bitcast(p.quad(p.add(2, l)), _vec(I8, 64)), _bytes(64, -128))
+        return [(v, l)]
+    c128 = p.fsplat(ir.Constant(FLOAT, 128.0))
+    for r, (total,) in enumerate(p.sums(8, streams)):
+        xs = b.fadd(p.xsum(r, 0), p.xsum(r, 1))
+        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fmul(p.scales[0], b.fsub(total, b.fmul(c128, xs)))))
 
 
 def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
     """Q4_0, Q4_1, Q5_0, Q5_1: qs byte l holds inputs l (low nibble) and l + 16 (high); Q5's qh bit i
-    (byte i // 8, bit i % 8) input i's fifth bit (5-bit codes: 8 products fit in int16, 4-bit: 16).
-    With m: acc += dx·(d·D + m·xs); else acc += dx·d·(D − offset·xs)."""
+    (byte i // 8, bit i % 8) input i's fifth bit. With m: acc += dx·(d·D + m·xs); else
+    acc += dx·d·(D − offset·xs)."""
     b = p.b
 
-    def streams(l):
-        byte = p.row(p.add(row_qs, l))
-        lo, hi = p.bits(byte, 0, 15), p.bits(byte, 4, 15)
-        if row_qh:
-            at, bit = b.lshr(l, p.i64(3)), b.and_(l, p.i64(7))
-            fifth = lambda row: b.shl(p.bits(p.row(p.add(row, at)), bit, 1), _const(I16, 4))
+    def streams(step):
+        l = b.mul(step, p.i64(4))
+        lo, hi = _nibbles(b, p.quad(p.add(row_qs, l)))
+        if row_qh:   # inputs l ... l + 3 (and 16 + l ...) have their fifth bits at bits l % 8 ... of qh byte l // 8 (2 + l // 8)
+            at = b.lshr(l, p.i64(3))
+            bits = b.shl(ir.Constant(_vec(I8, 64), [1 << (q % 4) for q in range(64)]), p.splat(b.trunc(b.and_(l, p.i64(7)), I8), I8, 64))
+
+            def fifth(row):
+                qh = b.bitcast(p.quad(lambda q: p.add(row, at)), _vec(I8, 64))
+                return b.select(b.icmp_unsigned("!=", b.and_(qh, bits), _bytes(64, 0)), _bytes(64, 16), _bytes(64, 0))
             lo, hi = b.or_(lo, fifth(row_qh)), b.or_(hi, fifth(row_qh + 2))
         return [(lo, l), (hi, b.add(l, p.i64(16)))]
-    first, second = p.sums(16, 8 if row_qh else 16, streams)
-    total = b.fadd(first, second)
-    dx, xs = p.fsplat(p.scalar(p.dx, 0)), p.fsplat(p.scalar(p.xs, 0))
     d, m = p.scales[0], p.scales[1]
-    if has_m:
-        value = b.fadd(b.fmul(d, total), b.fmul(m, xs))
-    else:
-        value = b.fmul(d, b.fsub(total, b.fmul(p.fsplat(ir.Constant(FLOAT, float(offset))), xs)))
-    p.add_to_outputs(b.fmul(dx, value))
+    for r, (first, second) in enumerate(p.sums(4, streams)):
+        total = b.fadd(first, second)
+        xs = b.fadd(p.xsum(r, 0), p.xsum(r, 1))
+        if has_m:
+            value = b.fadd(b.fmul(d, total), b.fmul(m, xs))
+        else:
+            value = b.fmul(d, b.fsub(total, b.fmul(p.fsplat(ir.Constant(FLOAT, float(offset))), xs)))
+        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), value))
 
 
-_int8_q4_k = _int8_kernel(_emit_k4, "Q4_K")
-_int8_q6_k = _int8_kernel(_emit_q6, "Q6_K")
-_int8_q8_0 = _int8_kernel(_emit_q8, "Q8_0")
-_int8_q4_0 = _int8_kernel(lambda p: _emit_legacy(p, 0, 2, 8, False), "Q4_0")
-_int8_q4_1 = _int8_kernel(lambda p: _emit_legacy(p, 0, 4, 0, True), "Q4_1")
-_int8_q5_0 = _int8_kernel(lambda p: _emit_legacy(p, 2, 6, 16, False), "Q5_0")
-_int8_q5_1 = _int8_kernel(lambda p: _emit_legacy(p, 4, 8, 0, True), "Q5_1")
+EMIT = {8: _emit_k4, 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
+        4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
+        6: lambda p: _emit_legacy(p, 4, 8, 0, True)}   # by KINDS' number
+ROWS = 4   # rows of activations a kernel multiplies at once (the codes made once for them); then one at a time
+_one = {kind: _int8_kernel(emit, f"kind {kind}, one row", 1) for kind, emit in EMIT.items()}
+_four = {kind: _int8_kernel(emit, f"kind {kind}, {ROWS} rows", ROWS) for kind, emit in EMIT.items()}
+_q4_k1, _q6_k1, _q8_01, _q4_01, _q4_11, _q5_01, _q5_11 = (_one[k] for k in (8, 10, 7, 3, 4, 5, 6))
+_q4_k4, _q6_k4, _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (_four[k] for k in (8, 10, 7, 3, 4, 5, 6))
 
 
 @njit(**JIT)
-def _unit(kind, blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc):
-    """Unit u of a tile block, for one row: acc (64,) += its share of x @ W.T. g0: the unit's first
-    group of 32 inputs in dx, xs (the row's activation scales and code sums)."""
+def _unit(kind, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
+    """Unit u of a tile block for rows n0 ... (ROWS of them if many, else one): acc[n] (64,) += its share of
+    x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
     _scales(kind, blk, u, s, o, s2, o2)
-    if kind == 8:
-        _int8_q4_k(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+    if many:
+        if kind == 8:
+            _q4_k4(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        elif kind == 10:
+            _q6_k4(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        elif kind == 7:
+            _q8_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        elif kind == 4:
+            _q4_14(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        elif kind == 5:
+            _q5_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        elif kind == 6:
+            _q5_14(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        else:
+            _q4_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+    elif kind == 8:
+        _q4_k1(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 10:
-        _int8_q6_k(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q6_k1(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 7:
-        _int8_q8_0(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q8_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 4:
-        _int8_q4_1(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q4_11(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 5:
-        _int8_q5_0(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q5_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 6:
-        _int8_q5_1(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q5_11(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     else:
-        _int8_q4_0(blk, u, s, o, s2, o2, xq, x0, dx, xs, g0, acc)
+        _q4_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
 
 
 @njit(parallel=True, **JIT)
 def _times(kind, tiles, units, unit_in, xq, dx, xs, y):
-    """y (k, out) for activations already rounded: xq (k, in) int16, dx, xs (k, in / 32) float32."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+    """y (k, out) for activations already rounded: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16) float32."""
+    n_tiles, n_blocks, rows = tiles.shape[0], tiles.shape[1], tiles.shape[2]
     k, out = xq.shape[0], y.shape[1]
     for t in prange(n_tiles):
-        acc = np.zeros(TILE, F32)
+        acc = np.zeros((k, TILE), F32)
         s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
+        for b in range(n_blocks):
+            for u in range(units):
+                _prefetch_ahead(tiles, t, b, u, units, rows)
+                i0 = unit_in * (units * b + u)
+                for n0 in range(0, k - k % ROWS, ROWS):
+                    _unit(kind, True, tiles[t, b], u, s, o, s2, o2, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                for n0 in range(k - k % ROWS, k):
+                    _unit(kind, False, tiles[t, b], u, s, o, s2, o2, xq, n0, i0, dx, xs, i0 // GROUP, acc)
         for n in range(k):
-            acc[:] = 0
-            for b in range(n_blocks):
-                for u in range(units):
-                    i0 = unit_in * (units * b + u)
-                    _unit(kind, tiles[t, b], u, s, o, s2, o2, xq[n], i0, dx[n], xs[n], i0 // GROUP, acc)
             for j in range(min(TILE, out - TILE * t)):
-                y[n, TILE * t + j] = acc[j]
+                y[n, TILE * t + j] = acc[n, j]
+
+
+@njit(**JIT)
+def _quantize(x, xq, dx, xs):
+    """quantize_activations into xq (k, in) int8, dx (k, in / 32), xs (k, in / 16), compiled (a NumPy call
+    per product cost ~30 us, more than a small matrix's product)."""
+    for n in range(x.shape[0]):
+        for g in range(x.shape[1] // GROUP):
+            top = F32(0)
+            for i in range(GROUP):
+                top = max(top, abs(x[n, GROUP * g + i]))
+            d = top / F32(127)
+            inv = F32(1) / d if d != 0 else F32(0)
+            dx[n, g] = d
+            for half in range(2):
+                total = 0
+                for i in range(16 * half, 16 * half + 16):
+                    v = x[n, GROUP * g + i] * inv
+                    a = abs(v)
+                    whole = np.floor(a)
+                    q = int(whole) + (1 if a - whole >= F32(0.5) else 0)   # roundf: halves away from zero
+                    q = q if v >= 0 else -q
+                    xq[n, GROUP * g + i] = q
+                    total += q
+                xs[n, 2 * g + half] = total
 
 
 def quantize_activations(x: np.ndarray):
@@ -270,11 +402,19 @@ def quantize_activations(x: np.ndarray):
 
 def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32 @ m.T with x rounded to int8 per block of 32 (m a StoredMatrix of TYPES)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    xq, dx, xs = quantize_activations(x)
+    xq, dx, xs = quantize_compiled(x)
     y = np.empty((len(x), m.shape[0]), np.float32)
     _times(KINDS[m.type], m.tiles, m.groups * GROUP // m.unit, m.unit, xq, dx, xs, y)
     return y
+
+
+def quantize_compiled(x: np.ndarray):
+    """quantize_activations by the compiled quantizer times_int8 uses: xq int8, dx, xs (per 16 inputs)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    k, n_in = x.shape
+    xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+    _quantize(x, xq, dx, xs)
+    return xq, dx, xs
 
 
 def reference(m, x: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +45,7 @@ CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 flo
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
+INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # those times_int8 multiplies (int8.TYPES)
 
 
 def refuse_type(tensor: str, type_name: str) -> MinigenError:
@@ -66,6 +67,7 @@ class StoredMatrix:
     shape: tuple[int, int]    # (out, in), HF's Linear shape: applied as x @ w.T
     tiles: np.ndarray         # (T, n_blocks, R, C) uint8, kernels.py's layout
     name: str = ""            # the tensor's name, for messages
+    int8: bool = False        # products with activations rounded to int8 (times_int8), llama.cpp's arithmetic
 
     # --- made from -----------------------------------------------------------------------------------
 
@@ -123,8 +125,9 @@ class StoredMatrix:
         if (lo, hi) == (0, self.shape[0]):
             return self
         if lo % TILE == 0 and (hi % TILE == 0 or hi == self.shape[0]):
-            return StoredMatrix(self.type, (hi - lo, self.shape[1]), self.tiles[lo // TILE:-(-hi // TILE)], self.name)
-        return StoredMatrix.from_bytes(self.raw(slice(lo, hi)), self.type, (hi - lo, self.shape[1]), self.name)
+            return StoredMatrix(self.type, (hi - lo, self.shape[1]), self.tiles[lo // TILE:-(-hi // TILE)], self.name, self.int8)
+        part = StoredMatrix.from_bytes(self.raw(slice(lo, hi)), self.type, (hi - lo, self.shape[1]), self.name)
+        return replace(part, int8=self.int8)
 
     @property
     def groups(self) -> int:
@@ -179,7 +182,7 @@ class StoredMatrix:
         """x (N, in) float32 -> (N, out) = x @ self.dequantize().T; the kernel on `threads` of numba's
         threads (None: all)."""
         if HAVE_KERNELS and len(x) < BLAS_ROWS:
-            return self.times_kernel(x, threads)
+            return self.times_int8(x, threads) if self.int8 else self.times_kernel(x, threads)
         return self.times_blas(x)
 
     def times_kernel(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
@@ -191,7 +194,7 @@ class StoredMatrix:
             kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
         return y
 
-    def times_int8(self, x: np.ndarray) -> np.ndarray:
+    def times_int8(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
         llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
         Q6_K); a model multiplies its other types' matrices with the exact kernel."""
@@ -199,7 +202,9 @@ class StoredMatrix:
         if not HAVE_KERNELS or self.type not in int8.TYPES:
             why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
             raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
-        return int8.times_int8(self, x)
+        x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
+        with _compiled()[0].threads(threads):
+            return int8.times_int8(self, x)
 
     def times_blas(self, x: np.ndarray) -> np.ndarray:
         """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
