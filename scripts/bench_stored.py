@@ -112,12 +112,14 @@ def run(spec: str, args) -> dict:
 
 
 def llama_bench(binary: str, gguf: str, args) -> dict:
-    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
-                          "-o", "json"], capture_output=True, text=True)
-    if out.returncode:
-        return {}
-    rows = json.loads(out.stdout)
-    return {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+    """llama-bench -t 2 at its defaults on the file: decode (-p 0 -n gen-tokens) and prefill (-p prompt-tokens
+    -n 0) as two runs, so that a build whose prompt processing crashes (the native build on some AVX-512
+    CPUs) still gives its decode speed. {"decode": tok/s, "prefill": tok/s or None}."""
+    def one(p: int, n: int):
+        out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", str(p), "-n", str(n), "-r", "1", "-o", "json"],
+                             capture_output=True, text=True)
+        return json.loads(out.stdout)[0]["avg_ts"] if out.returncode == 0 else None
+    return {"decode": one(0, args.gen_tokens), "prefill": one(args.prompt_tokens, 0)}
 
 
 def default_runs(work: Path) -> list[str]:
@@ -155,9 +157,13 @@ def main():
         os.environ.setdefault("MINIGEN_WEIGHTS", str(work / "weights"))   # a GGUF's files directory goes there
         specs = args.runs or default_runs(work)
         results = {s: [] for s in specs}
-        for _ in range(args.rounds):
+        files = sorted({shlex.split(s)[0] for s in specs if shlex.split(s)[0].endswith(".gguf")}) if args.llama_bench else []
+        peer = {f: [] for f in files}
+        for _ in range(args.rounds):   # llama.cpp takes its turn in each round, beside minigen's runs
             for s in specs:
                 results[s].append(run(s, args))
+            for f in files:
+                peer[f].append(llama_bench(args.llama_bench, f, args))
     if args.batch:
         print(f"{args.rounds} rounds, medians: decode tokens/s of B sequences in one step (x: against B = 1)\n")
         print("| run | " + " | ".join(f"B = {B}" for B in BATCHES) + " |")
@@ -176,10 +182,21 @@ def main():
         name = " ".join([Path(shlex.split(s)[0]).name] + shlex.split(s)[1:])
         print(f"| {name} | {', '.join(rs[0]['types'])} | {med['load_s']:.2f} | {med['first_token_s']:.2f} | "
               f"{med['prefill']:.0f} | {med['decode']:.1f} | {med['f8_f1']:.2f} | {med['weights_mb']:.0f} | {med['rss_mb']:.0f} |")
-    if args.llama_bench:
-        for s in specs:
-            if s.endswith(".gguf"):
-                print(f"\nllama-bench -t 2 on {Path(s).name}: {llama_bench(args.llama_bench, s, args)}")
+    if files:
+        print("\nllama.cpp on the same files (llama-bench -t 2, one run per round, medians), and minigen's runs against it:\n")
+        print("| file | llama.cpp prefill tok/s | llama.cpp decode tok/s | run | decode / llama.cpp |")
+        print("|---|---|---|---|---|")
+        for f in files:
+            dec = [r["decode"] for r in peer[f] if r["decode"]]
+            pre = [r["prefill"] for r in peer[f] if r["prefill"]]
+            d = statistics.median(dec) if dec else None
+            for s, rs in results.items():
+                if shlex.split(s)[0] != f:
+                    continue
+                name = " ".join([Path(f).name] + shlex.split(s)[1:])
+                ratio = f"{statistics.median(r['decode'] for r in rs) / d:.2f}" if d else "-"
+                print(f"| {Path(f).name} | {statistics.median(pre):.0f} | " if pre else f"| {Path(f).name} | crashed | ", end="")
+                print(f"{d:.1f} | {name} | {ratio} |" if d else f"- | {name} | - |")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ from .quant import STORED
 
 FEW_ROWS = 32    # up to here a product is a decode step's or a short draft's: the rules above apply
 ROW_GROUP = 8
-# A StoredMatrix smaller than this is multiplied on the calling thread alone: waking numba's second thread
-# costs more than it saves there (measured on 2 busy cores, one row: SmolLM2's 576 x 576 Q4_1 0.08 ms on
-# one thread, 0.55 on two; 3072 x 576 0.42 against 0.91; its 28 MB Q8_0 lm_head 7.4 against 5.9)
+# A StoredMatrix smaller than this is multiplied on the calling thread alone. On a quiet machine two threads
+# halve even small products (Intel Xeon here, one row, 1 / 2 threads: SmolLM2's 576 x 576 Q4_1 0.071 / 0.039
+# ms, 960 x 576 Q8_0 0.095 / 0.052); on a busy one waking numba's second thread cost more than it saved
+# (576 x 576: 0.08 against 0.55 ms), which parallel.alone() catches: a decode step beside other work runs
+# inside blas_alone (parallel.for_decode), and its kernels then keep to one thread.
 ALONE_BYTES = 64 << 10
 
 

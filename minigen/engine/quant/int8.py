@@ -228,30 +228,49 @@ def _emit_k4(p: _Pass):
 
 
 def _emit_q6(p: _Pass):
-    """Q6_K unit g = quarter r of half h: input l's low 4 bits in ql byte 64h + 32(r % 2) + l (nibble
-    r // 2), high 2 bits in qh byte 128 + 32h + l, bits 2r; codes 0..63, value (d·sc)·(code − 32), sc per
-    16 inputs (s, s2). acc += dx·(s·(D_0..15 − 32·xs_0..15) + s2·(D_16..31 − 32·xs_16..31))."""
+    """Q6_K unit h = half h of the block (128 inputs, quarters q = 0..3 of 32): input l of quarter q has its
+    low 4 bits in ql byte 64h + 32(q % 2) + l (low nibble for q < 2, high for q >= 2), its high 2 bits in qh
+    byte 128 + 32h + l, bits 2q; codes 0..63, value (d·sc)·(code − 32), an int8 sc per 16 inputs (bytes
+    192 + 8h + 2q, + 1). So 3 interleaved byte rows give 4 inputs of all four quarters: 8 streams (quarters
+    x inputs 0..15, 16..31). acc += sum over q, halves p: dx_q·(d·sc_qp)·(D_qp − 32·xs_qp)."""
     b = p.b
-    h, r = b.lshr(p.u, p.i64(2)), b.and_(p.u, p.i64(3))
-    ql = p.add(b.mul(h, p.i64(64)), b.mul(b.and_(r, p.i64(1)), p.i64(32)))
-    qh = p.add(b.mul(h, p.i64(32)), 128)
-    nibble = p.splat(b.trunc(b.mul(b.lshr(r, p.i64(1)), p.i64(4)), I8), I8, 64)
-    pair = p.splat(b.trunc(b.mul(r, p.i64(2)), I8), I8, 64)
-
-    def code(l):
-        low = b.and_(b.lshr(b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64)), nibble), _bytes(64, 15))
-        high = b.and_(b.lshr(b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64)), pair), _bytes(64, 3))
-        return b.or_(low, b.shl(high, _bytes(64, 4)))
+    h = p.u
+    ql, qh = b.mul(h, p.i64(64)), p.add(b.mul(h, p.i64(32)), 128)
+    bits = lambda v, shift, mask: b.and_(b.lshr(v, _bytes(64, shift)), _bytes(64, mask)) if shift else b.and_(v, _bytes(64, mask))
 
     def streams(step):
-        l = b.mul(step, p.i64(4))
-        return [(code(l), l), (code(b.add(l, p.i64(16))), b.add(l, p.i64(16)))]
-    s, _, s2, _ = p.scales
+        out = []
+        for part in (0, 16):
+            l = p.add(b.mul(step, p.i64(4)), part)
+            a = b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64))
+            c = b.bitcast(p.quad(p.add(ql, 32, l)), _vec(I8, 64))
+            hi = b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64))
+            lows = [bits(a, 0, 15), bits(c, 0, 15), bits(a, 4, 15), bits(c, 4, 15)]
+            for q in range(4):
+                out.append((b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))), p.add(l, 32 * q)))
+        return out   # stream 4·(part // 16) + q
+    d = _half_row(p, 208)
+    scale = lambda q, part: b.fmul(d, b.sitofp(b.sext(p.row(p.add(b.mul(h, p.i64(8)), 192 + 2 * q + part)), _vec(I32)), _vec(FLOAT)))
+    scales = {(q, part): scale(q, part) for q in range(4) for part in (0, 1)}
     c32 = p.fsplat(ir.Constant(FLOAT, 32.0))
-    for r, (first, second) in enumerate(p.sums(4, streams)):
-        a = b.fmul(s, b.fsub(first, b.fmul(c32, p.xsum(r, 0))))
-        c = b.fmul(s2, b.fsub(second, b.fmul(c32, p.xsum(r, 1))))
-        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fadd(a, c)))
+    for r, sums in enumerate(p.sums(4, streams)):
+        total = None
+        for q in range(4):
+            inner = None
+            for part in (0, 1):
+                term = b.fmul(scales[q, part], b.fsub(sums[4 * part + q], b.fmul(c32, p.xsum(r, 2 * q + part))))
+                inner = term if inner is None else b.fadd(inner, term)
+            term = b.fmul(p.dx_of(r, q), inner)
+            total = term if total is None else b.fadd(total, term)
+        p.add_to_outputs(r, total)
+
+
+def _half_row(p: _Pass, r: int):
+    """The float16 in byte rows r, r + 1 of the 16 outputs, as <16 x float>."""
+    b = p.b
+    lo, hi = (b.zext(p.row(p.i64(k)), _vec(I16)) for k in (r, r + 1))
+    bits = b.or_(lo, b.shl(hi, _const(I16, 8)))
+    return b.fpext(b.bitcast(bits, _vec(ir.HalfType())), _vec(FLOAT))
 
 
 def _emit_q8(p: _Pass):
@@ -300,6 +319,7 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
 EMIT = {8: _emit_k4, 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
         4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
         6: lambda p: _emit_legacy(p, 4, 8, 0, True)}   # by KINDS' number
+UNIT = {"Q6_K": 128}   # inputs per unit where not kernels.py's (a Q6_K half block: its bytes hold 4 quarters)
 ROWS = 4   # rows of activations a kernel multiplies at once (the codes made once for them); then one at a time
 _one = {kind: _int8_kernel(emit, f"kind {kind}, one row", 1) for kind, emit in EMIT.items()}
 _four = {kind: _int8_kernel(emit, f"kind {kind}, {ROWS} rows", ROWS) for kind, emit in EMIT.items()}
@@ -311,7 +331,8 @@ _q4_k4, _q6_k4, _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (_four[k] for k in (8, 
 def _unit(kind, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block for rows n0 ... (ROWS of them if many, else one): acc[n] (64,) += its share of
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
-    _scales(kind, blk, u, s, o, s2, o2)
+    if kind != 10:   # Q6_K's scales are made in its IR, per half of a block
+        _scales(kind, blk, u, s, o, s2, o2)
     if many:
         if kind == 8:
             _q4_k4(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
@@ -404,7 +425,8 @@ def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32 @ m.T with x rounded to int8 per block of 32 (m a StoredMatrix of TYPES)."""
     xq, dx, xs = quantize_compiled(x)
     y = np.empty((len(x), m.shape[0]), np.float32)
-    _times(KINDS[m.type], m.tiles, m.groups * GROUP // m.unit, m.unit, xq, dx, xs, y)
+    unit = UNIT.get(m.type, m.unit)
+    _times(KINDS[m.type], m.tiles, m.groups * GROUP // unit, unit, xq, dx, xs, y)
     return y
 
 
