@@ -327,7 +327,7 @@ _q4_k1, _q6_k1, _q8_01, _q4_01, _q4_11, _q5_01, _q5_11 = (_one[k] for k in (8, 1
 _q4_k4, _q6_k4, _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (_four[k] for k in (8, 10, 7, 3, 4, 5, 6))
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _unit(kind, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block for rows n0 ... (ROWS of them if many, else one): acc[n] (64,) += its share of
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""

@@ -550,7 +550,7 @@ def _accumulate(typingctx, acc, x, i0, w, n_in):
     return types.none(acc, x, i0, w, n_in), codegen
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _prefetch_ahead(tiles, t, b, u, units, rows):
     """Unit u's share of the rows of the block AHEAD blocks on (in this tile or the next) asked into the
     cache, so that a product streaming its matrix from memory does not wait for each line: on the
