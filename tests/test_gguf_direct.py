@@ -178,3 +178,19 @@ def test_info_names_the_int8_products(tmp_path):
                                     "--activations", "int8"])
     assert out.exit_code == 0, out.output
     assert "Q8_0 with activations rounded to int8 (--activations int8, not exact)" in out.output
+
+
+def test_int8_activations_batch_equals_each_alone(monkeypatch):
+    """A sequence's products do not depend on the rows beside it (a row's integer sums and its float
+    epilogue are the same in the one-row and the many-row kernels): a batch step on the int8 path equals
+    each sequence run alone."""
+    from minigen.checkpoint.stored import with_int8_activations
+    from minigen.gguf import direct
+    monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
+    exact = load_gguf(GGUF / "quants.gguf")
+    fast = minigen.engine.model.Model(exact.config, with_int8_activations(exact.params, "quants.gguf"),
+                                      exact.generation_config, exact.path)
+    prompts = [PROMPT[:3 + 2 * i] for i in range(10)]   # 10 rows: the 8-row kernel and the one-row one
+    got = fast.forward_batch(prompts, [fast.make_cache() for _ in prompts])
+    for p, g in zip(prompts, got):
+        close(g, fast.forward(p, fast.make_cache(), last_only=True), 1e-5)
