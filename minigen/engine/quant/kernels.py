@@ -141,7 +141,7 @@ def _float32(typingctx, b0, b1, b2, b3):
 # --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
 # s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def _scales(kind, blk, u, s, o, s2, o2):
     if kind <= 2:        # F32, F16, BF16: none
         return
@@ -423,7 +423,7 @@ _store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GR
 _store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
 _store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
     """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
     _scales(kind, blk, u, s, o, s2, o2)
