@@ -37,6 +37,7 @@ import numpy as np
 from llvmlite import binding, ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
 from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _prefetch_ahead, _scales, ir_splat
@@ -69,9 +70,9 @@ class _Pass:
     n0 ... n0 + nrows − 1 (arguments: blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc; see _unit): the
     codes of a weight are made once and multiplied by every row."""
 
-    def __init__(self, context, builder, sig, args, j0, nrows):
+    def __init__(self, context, builder, argtypes, args, j0, nrows):
         self.b = b = builder
-        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
         self.u, self.j0, self.nrows = args[1], j0, nrows
@@ -204,14 +205,20 @@ def _nibbles(b, v):
     return b.and_(v, _bytes(64, 15)), b.and_(b.lshr(v, _bytes(64, 4)), _bytes(64, 15))
 
 
-def _int8_kernel(emit, doc: str, nrows: int):
+def _int8_kernel(emit, doc: str, kind: int):
+    """The intrinsic of one type: (many, blk, u, ...) with `many` a literal bool, for ROWS[kind] rows (many)
+    or one."""
     @intrinsic
-    def fn(typingctx, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
+    def fn(typingctx, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
+        if not isinstance(many, types.BooleanLiteral):
+            raise RequireLiteralValue("many")   # numba types the call again with its literal value
+        nrows = ROWS[kind] if many.literal_value else 1
+
         def codegen(context, builder, sig, args):
             for j0 in range(0, TILE, LANES):
-                emit(_Pass(context, builder, sig, args, j0, nrows))
+                emit(_Pass(context, builder, sig.args[1:], args[1:], j0, nrows))
             return context.get_dummy_value()
-        return types.none(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc), codegen
+        return types.none(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc), codegen
     fn.__doc__ = doc
     return fn
 
@@ -332,10 +339,7 @@ UNIT = {"Q6_K": 128}   # inputs per unit where not kernels.py's (a Q6_K half blo
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
-_one = {kind: _int8_kernel(emit, f"kind {kind}, one row", 1) for kind, emit in EMIT.items()}
-_four = {kind: _int8_kernel(emit, f"kind {kind}, {ROWS[kind]} rows", ROWS[kind]) for kind, emit in EMIT.items()}
-_q4_k1, _q6_k1, _q8_01, _q4_01, _q4_11, _q5_01, _q5_11 = (_one[k] for k in (8, 10, 7, 3, 4, 5, 6))
-_q4_k4, _q6_k4, _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (_four[k] for k in (8, 10, 7, 3, 4, 5, 6))
+_q4_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(EMIT[k], f"kind {k}", k) for k in (8, 10, 7, 3, 4, 5, 6))
 
 
 @njit(inline="always", **JIT)
@@ -344,35 +348,20 @@ def _unit(kind, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
     if kind != 10:   # Q6_K's scales are made in its IR, per half of a block
         _scales(kind, blk, u, s, o, s2, o2)
-    if many:
-        if kind == 8:
-            _q4_k4(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        elif kind == 10:
-            _q6_k4(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        elif kind == 7:
-            _q8_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        elif kind == 4:
-            _q4_14(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        elif kind == 5:
-            _q5_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        elif kind == 6:
-            _q5_14(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-        else:
-            _q4_04(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 8:
-        _q4_k1(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+    if kind == 8:
+        _q4_k(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 10:
-        _q6_k1(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q6_k(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 7:
-        _q8_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q8_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 4:
-        _q4_11(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q4_1(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 5:
-        _q5_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q5_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 6:
-        _q5_11(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q5_1(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
     else:
-        _q4_01(blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q4_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
 
 
 @njit(parallel=True, **JIT)
