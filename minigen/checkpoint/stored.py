@@ -120,28 +120,29 @@ def dequantized(params: dict) -> dict:
     return out
 
 
-def int8_types(params: dict) -> set[str]:
-    """The types of the params' matrices that multiply with int8 activations (with_int8_activations)."""
+def _weights(params: dict):
+    """Each StoredMatrix and float32 array (2-D and up) of the params once (a tied embedding is one;
+    experts and a StoredRows' parts one by one)."""
+    seen = set()
     layers = params.get("layers", [])
-    found = set()
     for v in [v for k, v in params.items() if k != "layers"] + [v for layer in layers for v in layer.values()]:
         for m in v if isinstance(v, list) else v.parts if isinstance(v, StoredRows) else [v]:
-            if isinstance(m, StoredMatrix) and m.int8:
-                found.add(m.type)
-    return found
+            if id(m) not in seen and (isinstance(m, StoredMatrix) or getattr(m, "ndim", 0) >= 2):
+                seen.add(id(m))
+                yield m
+
+
+def int8_types(params: dict) -> set[str]:
+    """The types of the params' matrices that multiply with int8 activations (with_int8_activations)."""
+    return {m.type for m in _weights(params) if isinstance(m, StoredMatrix) and m.int8}
 
 
 def stored_types(params: dict) -> dict[str, tuple[int, int]]:
     """{type: (matrices, bytes)} of the params' weights, "float32" counting float32 arrays (2-D and up):
     what `minigen info` reports. Each array or matrix once (a tied embedding is one)."""
-    seen, counts = set(), {}
-    layers = params.get("layers", [])
-    for v in [v for k, v in params.items() if k != "layers"] + [v for layer in layers for v in layer.values()]:
-        for m in v if isinstance(v, list) else v.parts if isinstance(v, StoredRows) else [v]:
-            if id(m) in seen or not (isinstance(m, StoredMatrix) or getattr(m, "ndim", 0) >= 2):
-                continue
-            seen.add(id(m))
-            t = m.type if isinstance(m, StoredMatrix) else "float32"
-            n, b = counts.get(t, (0, 0))
-            counts[t] = (n + 1, b + int(m.nbytes))
+    counts = {}
+    for m in _weights(params):
+        t = m.type if isinstance(m, StoredMatrix) else "float32"
+        n, b = counts.get(t, (0, 0))
+        counts[t] = (n + 1, b + int(m.nbytes))
     return counts

@@ -41,9 +41,10 @@ from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
 from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _prefetch_ahead, _scales, ir_splat
+from .formats import INT8_TYPES
 from .quantize import _round_half_away
 
-TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # what this module multiplies
+TYPES = INT8_TYPES   # what this module multiplies
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLOAT = ir.FloatType()
 LANES = 16

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import MinigenError
-from .formats import BY_GGML_TYPE, FORMATS, OTHER_GGML_TYPES
+from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES
 from .formats import dequantize as dequantize_rows
 from .quantize import QUANTIZERS, quantize_rows
 
@@ -45,7 +45,6 @@ CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 flo
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
-INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")   # those times_int8 multiplies (int8.TYPES)
 
 
 def refuse_type(tensor: str, type_name: str) -> MinigenError:
