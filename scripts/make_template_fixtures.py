@@ -15,6 +15,7 @@ Needs transformers (run it with the reference interpreter); the tests do not.
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -36,6 +37,7 @@ CONVERSATIONS = [
     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
 ]
 VARIABLES = {"bos_token": "<BOS>", "eos_token": "<EOS>", "date_string": "26 Jul 2024"}  # a fixed date: Llama 3.x
+TODAY = "2026-12-02"   # the clock strftime_now reads while rendering (Granite's "Today's Date"), pinned
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": {"type": "object", "properties": {
                                                "city": {"type": "string", "description": "The city"}},
@@ -55,7 +57,15 @@ def default_templates() -> str | None:
 
 
 def main():
+    from transformers.utils import chat_template_utils
     from transformers.utils.chat_template_utils import render_jinja_template
+
+    class Pinned(datetime.datetime):   # transformers' strftime_now calls its module's datetime.now()
+        @classmethod
+        def now(cls, tz=None):
+            return cls.fromisoformat(TODAY)
+
+    chat_template_utils.datetime = Pinned
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--templates", default=default_templates(), help="llama.cpp's models/templates directory")
@@ -63,7 +73,7 @@ def main():
     if not args.templates:
         raise SystemExit("make_template_fixtures: give --templates (llama.cpp's models/templates)")
     OUT.mkdir(parents=True, exist_ok=True)
-    refs = {"variables": VARIABLES, "conversations": CONVERSATIONS + TOOL_CONVERSATIONS, "tools": TOOLS, "renders": []}
+    refs = {"today": TODAY, "variables": VARIABLES, "conversations": CONVERSATIONS + TOOL_CONVERSATIONS, "tools": TOOLS, "renders": []}
     for name in TEMPLATES:
         target = OUT / f"{name}.jinja"
         if name == "Qwen-Qwen3-0.6B":

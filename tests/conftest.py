@@ -75,6 +75,17 @@ def load_reference(name: str) -> dict:
 
 
 @pytest.fixture
+def rendered_today(monkeypatch):
+    """The clock chat templates read (strftime_now) pinned to the day transformers rendered the committed
+    references on (tests/fixtures/chat_templates/references.json's "today"): Granite and Llama 3.2 print it."""
+    import datetime
+    import json
+    from minigen.text import template
+    today = json.loads((FIXTURES_DIR / "chat_templates" / "references.json").read_text(encoding="utf-8"))["today"]
+    monkeypatch.setattr(template, "now", lambda: datetime.datetime.fromisoformat(today))
+
+
+@pytest.fixture
 def reference():
     """The `load_reference` helper as a pytest fixture: `def test_x(reference): ref = reference("gpt2")`."""
     return load_reference

@@ -16,6 +16,7 @@ DIR = FIXTURES_DIR / "chat_templates"
 REFS = json.loads((DIR / "references.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.usefixtures("rendered_today")
 @pytest.mark.parametrize("ref", REFS["renders"],
                          ids=lambda r: f"{r['template'][:-6]}-{r['conversation']}-{'gen' if r['add_generation_prompt'] else 'nogen'}")
 def test_renders_as_transformers(ref):
@@ -27,6 +28,15 @@ def test_renders_as_transformers(ref):
             render_chat_template(template, messages, ref["add_generation_prompt"], **variables)
         return
     assert render_chat_template(template, messages, ref["add_generation_prompt"], **variables) == ref["text"]
+
+
+def test_strftime_now_reads_the_clock():
+    """Unpinned, a template's strftime_now is today's date where the process runs (as transformers': the
+    references were rendered on a pinned day, which the tests above give minigen's clock too)."""
+    from datetime import datetime
+    before = datetime.now().strftime("%B %d, %Y")
+    got = render_chat_template("{{ strftime_now('%B %d, %Y') }}", [], False)
+    assert got in {before, datetime.now().strftime("%B %d, %Y")}
 
 
 def test_the_references_cover_what_matters():

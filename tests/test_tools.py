@@ -165,6 +165,7 @@ def test_a_special_token_marker_is_written_as_the_token(tok):
 REFS = json.loads((TEMPLATES / "references.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.usefixtures("rendered_today")
 @pytest.mark.parametrize("ref", [r for r in REFS["renders"] if r.get("tools") and r["text"]],
                          ids=lambda r: f"{r['template'][:-6]}-{r['conversation']}-{'gen' if r['add_generation_prompt'] else 'nogen'}")
 def test_openai_messages_with_tools_render_as_transformers(ref):

@@ -24,6 +24,8 @@ from datetime import datetime
 from ..errors import MinigenError
 from ..files import MiB
 
+now = datetime.now   # the clock a template's strftime_now reads (Granite's "Today's Date"); tests pin it
+
 TIME_LIMIT = 5.0             # seconds to render (real templates take milliseconds)
 MEMORY_LIMIT = 512 * MiB     # address space the renderer may add to what the process has
 OUTPUT_BASE = MiB            # characters of rendered text beyond twice the messages' own
@@ -57,7 +59,7 @@ def _render(template: str, variables: dict, limit: int):
                                         extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
     size = 0
     for piece in env.from_string(template).generate(**variables):
         size += len(piece)
