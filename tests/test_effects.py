@@ -10,7 +10,7 @@ import minigen
 from minigen.engine.linear import dense
 from minigen.cli import main
 from minigen.inspect import ablated_logits, logit_lens
-from minigen.inspect.effects import Component, ablated_runs, changes_for, every, patching
+from minigen.inspect.effects import Component, ablated_runs, ablation, changes_for, every, patching
 from minigen.inspect.hooks import BATCH, Intervention, final_residual, layer_inputs, logits_of, patch, resume, resume_each
 from minigen.inspect.internals import trace_head, value_norms
 from minigen.inspect.lens import direct_attribution
@@ -232,6 +232,11 @@ def test_ablate_command_and_sweep():
     assert j["kl"] > 0 and j["top_before"][0]["id"] == j["target"]["id"]
     s = run_json("ablate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--sweep", "heads")
     assert len(s["effects"]) == 8 and [e["kl"] for e in s["effects"]] == sorted((e["kl"] for e in s["effects"]), reverse=True)
+    gpt2, tok2 = minigen.load(FIXTURES_DIR / "gpt2")
+    for e in s["effects"]:   # each row of the sweep (its logits made 64 rows to a product) is that head's ablation alone
+        alone = ablation(gpt2, tok2.encode(PROMPT), [Component("head", e["layer"], e["head"])], "zero", -1, s["target"]["id"])
+        assert e["kl"] == pytest.approx(alone["kl"], rel=1e-4, abs=1e-7)
+        assert e["delta_logp"] == pytest.approx(alone["delta_logp"], rel=1e-4, abs=1e-6)
     r = cli("ablate", PROMPT, "--model", FIXTURES_DIR / "gpt2", "--sweep", "mlp", "--rank", "logp")
     assert r.exit_code == 0 and "ranked by the drop in log p" in r.output, r.output
 

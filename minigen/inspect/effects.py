@@ -132,14 +132,22 @@ def sweep(model, ids, kind: str, mode: str, position: int, target: int | None = 
     before = logits_of(model, x_in[-1][position])
     target = int(np.argmax(before)) if target is None else target
     rows = []
-    for c, x in zip(*ablated_runs(model, x_in, every(kind, model.config), mode)):
-        effect = compare(before, logits_of(model, x[position]), target, k=1)
+    components, finals = ablated_runs(model, x_in, every(kind, model.config), mode)
+    for c, after in zip(components, logits_of_rows(model, [x[position] for x in finals])):
+        effect = compare(before, after, target, k=1)
         rows.append({**c.as_json(), "kl": effect["kl"], "delta_logp": effect["delta_logp"],
                      "top_after": effect["top_after"][0]})
     return {"kind": kind, "mode": mode, "position": position, "target": target,
             "logp_before": float(log_softmax(before, dtype=np.float64)[target]),
             "top_before": top_tokens(log_softmax(before, dtype=np.float64), 5),
             "effects": rows}
+
+
+def logits_of_rows(model, rows: list[np.ndarray], chunk: int = 64):
+    """The logits (V,) of each residual row (D,), `chunk` rows to a product: a sweep of 270 heads reads the
+    output projection 5 times, not 270 (Gemma 2's is 2.4 GB in float32)."""
+    for lo in range(0, len(rows), chunk):
+        yield from logits_of(model, np.stack(rows[lo:lo + chunk]))
 
 
 def ablated_runs(model, x_in: np.ndarray, components: list[Component], mode: str):
