@@ -7,7 +7,7 @@ llama.cpp's ggml-quants.c `dequantize_row_*` (the C names the fields as below). 
 the definition every kernel must equal (kernels.py), and they equal gguf-py's `gguf.quants.dequantize`
 bit for bit (tests/test_quant_formats.py).
 
-Every value is d·q, d·q + m or (d·sc)·q − dmin·m, with q a small integer and d, sc, m from the block.
+Every value is d·q, d·q + m, (d·sc)·q − dmin·m or (d·sc)·q, with q a small integer and d, sc, m from the block.
 A float16 d has 11 significant bits, a sub-scale sc or m at most 7 and a code at most 8, and no product
 here needs more than float32's 24 bits, so each is exact: the only rounding is the one addition of an
 offset (Q8_K's float32 d times q: the one multiplication). The value of a weight therefore does not
@@ -148,6 +148,43 @@ def dequantize_q6_k(b):
     return (scale[:, :, None] * q).reshape(-1, QK_K)
 
 
+SHIFTS_2 = np.array([0, 2, 4, 6], np.uint8)   # the four 2-bit fields of a byte
+
+
+def _k_codes_2(qs: np.ndarray) -> np.ndarray:
+    """(n, 64) bytes of a Q2_K / Q3_K block -> (n, 256) 2-bit codes: bits 2j, 2j + 1 of byte 32h + l hold
+    input 128h + 32j + l (l < 32)."""
+    return ((qs.reshape(-1, 2, 1, 32) >> SHIFTS_2[:, None]) & 3).reshape(-1, QK_K)
+
+
+def dequantize_q2_k(b):
+    """scales[16] (sc in the low 4 bits, m in the high 4, one pair per 16 inputs), qs[64], d, dmin (f16):
+    w = (d·sc)·q − dmin·m."""
+    sc, q = b[:, 0:16], _k_codes_2(b[:, 16:80]).reshape(-1, 16, 16).astype(np.float32)
+    scale = (_f16(b[:, 80:82])[:, None] * (sc & 15).astype(np.float32))[:, :, None]
+    offset = (_f16(b[:, 82:84])[:, None] * (sc >> 4).astype(np.float32))[:, :, None]
+    return (scale * q - offset).reshape(-1, QK_K)
+
+
+def scales_q3_k(scales: np.ndarray) -> np.ndarray:
+    """(n, 12) packed 6-bit scales of Q3_K -> (n, 16) sc − 32: scale i keeps 4 bits in byte i % 8 (the low
+    nibble for i < 8, the high for i >= 8) and 2 in byte 8 + i % 4, at bits 2·(i // 4)."""
+    i = np.arange(16)
+    low = (scales[:, i % 8] >> (4 * (i // 8)).astype(np.uint8)) & 15
+    high = (scales[:, 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 3
+    return (low | (high << 4)).astype(np.float32) - 32
+
+
+def dequantize_q3_k(b):
+    """hmask[32] (bit k of byte l: the third bit of input 32k + l), qs[64] (the low 2 bits), scales[12]
+    (16 6-bit scales), d (f16): w = (d·(sc − 32))·(q − 4), the third bit set meaning q >= 4 (ggml's
+    "minus 4 where the mask bit is 0")."""
+    high = np.unpackbits(b[:, 0:32, None], axis=-1, bitorder="little")      # (n, 32 l, 8 k)
+    q = _k_codes_2(b[:, 32:96]) | (high.transpose(0, 2, 1).reshape(-1, QK_K) << 2)
+    scale = _f16(b[:, 108:110])[:, None] * scales_q3_k(b[:, 96:108])
+    return (scale[:, :, None] * (q.reshape(-1, 16, 16).astype(np.float32) - 4)).reshape(-1, QK_K)
+
+
 FORMATS = {f.name: f for f in [
     Format("F32", 0, 1, 4, dequantize_f32),
     Format("F16", 1, 1, 2, dequantize_f16),
@@ -157,6 +194,8 @@ FORMATS = {f.name: f for f in [
     Format("Q5_0", 6, QK, 22, dequantize_q5_0),
     Format("Q5_1", 7, QK, 24, dequantize_q5_1),
     Format("Q8_0", 8, QK, 34, dequantize_q8_0),
+    Format("Q2_K", 10, QK_K, 84, dequantize_q2_k),
+    Format("Q3_K", 11, QK_K, 110, dequantize_q3_k),
     Format("Q4_K", 12, QK_K, 144, dequantize_q4_k),
     Format("Q5_K", 13, QK_K, 176, dequantize_q5_k),
     Format("Q6_K", 14, QK_K, 210, dequantize_q6_k),
@@ -167,7 +206,7 @@ BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
 
 # GGUF's other types, by number, so that a refusal can name them (ggml.h)
-OTHER_GGML_TYPES = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
+OTHER_GGML_TYPES = {9: "Q8_1", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
                     19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
                     25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0",
                     35: "TQ2_0", 39: "MXFP4"}

@@ -84,7 +84,7 @@ FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reorde
 
 # each type's number in the kernels' branches, and the inputs of one unit of its tiles
 KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K"])}
+                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K"])}
 UNIT = {name: 64 if name in ("Q4_K", "Q5_K") else GROUP for name in KINDS}
 
 
@@ -141,6 +141,15 @@ def _float32(typingctx, b0, b1, b2, b3):
 # --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
 # s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
 
+@njit(inline="always", **JIT)
+def _scale_q3_k(blk, i, j):
+    """Q3_K's 6-bit scale i of output j: 4 bits in byte 96 + i % 8 (low nibble for i < 8), 2 in byte
+    104 + i % 4 at bits 2·(i // 4)."""
+    low = (np.int64(blk[96 + i % 8, j]) >> (4 * (i // 8))) & 15
+    high = (np.int64(blk[104 + i % 4, j]) >> (2 * (i // 4))) & 3
+    return low | (high << 4)
+
+
 @njit(**JIT)
 def _scales(kind, blk, u, s, o, s2, o2):
     if kind <= 2:        # F32, F16, BF16: none
@@ -160,9 +169,20 @@ def _scales(kind, blk, u, s, o, s2, o2):
             d = _half(blk[208, j], blk[209, j])
             s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
             s2[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
-    else:                    # Q8_K: d float32
+    elif kind == 11:         # Q8_K: d float32
         for j in range(TILE):
             s[j] = _float32(blk[0, j], blk[1, j], blk[2, j], blk[3, j])
+    elif kind == 12:         # Q2_K: group u's halves of 16 have scale bytes 2u, 2u + 1 (sc low nibble, m high)
+        for j in range(TILE):
+            d, dmin = _half(blk[80, j], blk[81, j]), _half(blk[82, j], blk[83, j])
+            a, c = blk[2 * u, j], blk[2 * u + 1, j]
+            s[j], o[j] = d * F32(a & 15), dmin * F32(a >> 4)
+            s2[j], o2[j] = d * F32(c & 15), dmin * F32(c >> 4)
+    else:                    # Q3_K: scales 2u, 2u + 1 of the 16 packed in bytes 96..107 (formats.scales_q3_k)
+        for j in range(TILE):
+            d = _half(blk[108, j], blk[109, j])
+            s[j] = d * F32(_scale_q3_k(blk, 2 * u, j) - 32)
+            s2[j] = d * F32(_scale_q3_k(blk, 2 * u + 1, j) - 32)
 
 
 # --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
@@ -410,6 +430,25 @@ def _emit_q6_both(u: _Unit, l):
     _emit_q6(u, l, 1)
 
 
+def _emit_k23(u: _Unit, l, third: bool):
+    """Q2_K, Q3_K, unit g (inputs 32g .. 32g + 31 of the super-block, half h = g // 4, field f = g % 4):
+    input 16·p + l (l < 16, p = 0, 1) has its 2-bit code in bits 2f, 2f + 1 of qs byte 32h + 16p + l
+    (qs at 16 in Q2_K, 32 in Q3_K); Q3_K's third bit is bit g of hmask byte 16p + l. w = fma(s, q, −o)
+    (Q2_K: (d·sc)·q − dmin·m) or (d·sc)·(q − 4) (Q3_K), each product exact."""
+    b = u.b
+    h, f = b.lshr(u.u, u.i64(2)), b.and_(u.u, u.i64(3))
+    for p in (0, 1):
+        i = u.add(l, 16 * p)
+        codes = [u.bits(v, u.mul(f, 2), 3) for v in u.row(u.add(32 if third else 16, u.mul(h, 32), i))]
+        s = u.scales[2 * p]
+        if third:
+            codes = [b.or_(c, b.shl(u.bits(v, u.u, 1), _splat_const(I32, 2))) for c, v in zip(codes, u.row(i))]
+            u.put(i, [b.fmul(sj, u.float(q, 4)) for sj, q in zip(s, codes)], p)
+        else:
+            o = u.scales[2 * p + 1]
+            u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(s, codes, o)], p)
+
+
 _store_f32, _dot_f32 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
 _store_f16, _dot_f16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
 _store_bf16, _dot_bf16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
@@ -422,6 +461,8 @@ _store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), G
 _store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
 _store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
 _store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
+_store_q2_k, _dot_q2_k = _kernel_pair(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
+_store_q3_k, _dot_q3_k = _kernel_pair(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
 
 @njit(**JIT)
 def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
@@ -450,8 +491,12 @@ def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
             _dot_q5_k(blk, u, s, o, s2, o2, x, x0, out)
         elif kind == 10:
             _dot_q6_k(blk, u, s, o, s2, o2, x, x0, out)
-        else:
+        elif kind == 11:
             _dot_q8_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 12:
+            _dot_q2_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _dot_q3_k(blk, u, s, o, s2, o2, x, x0, out)
     else:
         if kind == 0:
             _store_f32(blk, u, s, o, s2, o2, x, x0, out)
@@ -475,8 +520,12 @@ def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
             _store_q5_k(blk, u, s, o, s2, o2, x, x0, out)
         elif kind == 10:
             _store_q6_k(blk, u, s, o, s2, o2, x, x0, out)
-        else:
+        elif kind == 11:
             _store_q8_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 12:
+            _store_q2_k(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _store_q3_k(blk, u, s, o, s2, o2, x, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
