@@ -12,7 +12,8 @@ from minigen.engine.quant.formats import FORMATS
 
 # byte offsets of each block type's float16 scales (d, m, dmin) and of Q8_K's float32 d
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q8_K": []}
+              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q8_K": [],
+              "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def random_matrix(name: str, out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:

@@ -126,22 +126,22 @@ def test_fused_parts_of_two_types_are_kept_apart(tmp_path):
 def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, tmp_path):
     """quants.gguf (llama-quantize, 18 types): with the refusal lifted, each matrix of a type the kernels run
     kept stored, the rest float32: the converted model's logits. Kept here: the Q6_K embedding (and tied
-    output), Q2_K, Q3_K, Q5_K, Q6_K, Q4_0, Q4_1 and Q8_0 projections, and layer 0's wqkv of Q2_K q, Q3_K k and
-    Q4_K v; its Q5_0, Q5_1, F16 and BF16 tensors are v or k of a wqkv whose q is a type minigen does not run
-    (IQ3_S, MXFP4), so that wqkv is float32."""
+    output), Q2_K, Q3_K, Q5_K, Q6_K, Q4_0, Q4_1, Q8_0, IQ4_NL and IQ4_XS projections, and layer 0's wqkv of Q2_K
+    q, Q3_K k and Q4_K v; its Q5_0, Q5_1, F16 and BF16 tensors are v or k of a wqkv whose q is a type minigen
+    does not run (IQ3_S, MXFP4), so that wqkv is float32."""
     from minigen.gguf import direct
     monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
     model = load_gguf(GGUF / "quants.gguf")
     kept = set(stored_types(model.params)) - {"float32"}
-    assert kept == {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"}, kept
+    assert kept == {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"}, kept
     close(model.logits(PROMPT), converted("quants", tmp_path).logits(PROMPT))
 
 
 # --- --activations int8 -----------------------------------------------------------------------------------
 
 def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch, tmp_path):
-    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q4_K, Q6_K, Q8_0 beside Q2_K, Q3_K, Q5_K
-    and float32): every product with a matrix of those five types rounds its activations (int8.reference, NumPy, stands in
+    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q4_K, Q6_K, Q8_0 beside Q2_K, Q3_K, Q5_K,
+    IQ4_NL, IQ4_XS and float32): every product with a matrix of those five types rounds its activations (int8.reference, NumPy, stands in
     for each kernel call in the twin), the others stay exact; the logits equal the twin's, and differ from
     the exact model's by what the rounding costs (not zero: the option is on)."""
     from minigen.checkpoint.stored import int8_types, with_int8_activations

@@ -132,13 +132,13 @@ def test_quantize_gives_a_stored_matrix(kernels):
 def test_refusals():
     with pytest.raises(MinigenError, match="blk.3.attn_q.weight: GGUF type IQ2_XS is not one minigen runs"):
         type_name(17, "blk.3.attn_q.weight")
-    with pytest.raises(MinigenError, match="output.weight: GGUF type IQ4_NL is not one minigen runs"):
-        raise refuse_type("output.weight", "IQ4_NL")
+    with pytest.raises(MinigenError, match="output.weight: GGUF type IQ3_S is not one minigen runs"):
+        raise refuse_type("output.weight", "IQ3_S")
     assert type_name(12, "x") == "Q4_K" and type_name(30, "x") == "BF16"
     with pytest.raises(MinigenError, match="t.w: GGUF type number 99 is not"):
         type_name(99, "t.w")
-    with pytest.raises(MinigenError, match="t.w: GGUF type IQ4_XS is not one minigen runs"):
-        StoredMatrix.from_bytes(np.zeros(136, np.uint8), "IQ4_XS", (1, 256), "t.w")
+    with pytest.raises(MinigenError, match="t.w: GGUF type IQ3_S is not one minigen runs"):
+        StoredMatrix.from_bytes(np.zeros(110, np.uint8), "IQ3_S", (1, 256), "t.w")
     with pytest.raises(MinigenError, match=r"t.w: 100 bytes do not hold a Q4_0 matrix of shape \(2, 64\)"):
         StoredMatrix.from_bytes(np.zeros(100, np.uint8), "Q4_0", (2, 64), "t.w")
     with pytest.raises(MinigenError, match=r"t.w: .*\(rows of 48 must be whole blocks of 32\)"):

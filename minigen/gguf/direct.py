@@ -16,7 +16,7 @@ matrix is kept in its type when the way from the GGUF's rows to minigen's only r
 Everything else becomes float32 exactly as a conversion then a load would make it (correct, just bigger):
 vectors (norms, biases), convolutions, the recurrent layers' parameters, the MoE router, F32 matrices (OpenBLAS
 multiplies them as fast, and a long prompt needs no dequantizing), and every tensor with dtype "float32". A
-matrix of a type the kernels do not run (the I-quants, TQ1_0, TQ2_0, MXFP4) is refused: `dtype="float32"` runs it.
+matrix of a type the kernels do not run (IQ1_S ... IQ3_S, TQ1_0, TQ2_0, MXFP4) is refused: `dtype="float32"` runs it.
 
 Memory: each stored matrix's bytes are read once from the file (plain reads, one tensor at a time) into its
 tiles; peak RSS is the tiles (about the file's size) plus one tensor. Stored matrices are not checked for NaN

@@ -7,7 +7,8 @@ llama.cpp's ggml-quants.c `dequantize_row_*` (the C names the fields as below). 
 the definition every kernel must equal (kernels.py), and they equal gguf-py's `gguf.quants.dequantize`
 bit for bit (tests/test_quant_formats.py).
 
-Every value is d·q, d·q + m, (d·sc)·q − dmin·m or (d·sc)·q, with q a small integer and d, sc, m from the block.
+Every value is d·q, d·q + m, (d·sc)·q − dmin·m or (d·sc)·q, with q a small integer and d, sc, m from the block
+(IQ4_NL, IQ4_XS: q one of 16 integers of a table, |q| <= 127).
 A float16 d has 11 significant bits, a sub-scale sc or m at most 7 and a code at most 8, and no product
 here needs more than float32's 24 bits, so each is exact: the only rounding is the one addition of an
 offset (Q8_K's float32 d times q: the one multiplication). The value of a weight therefore does not
@@ -185,6 +186,32 @@ def dequantize_q3_k(b):
     return (scale[:, :, None] * (q.reshape(-1, 16, 16).astype(np.float32) - 4)).reshape(-1, QK_K)
 
 
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+# ggml's kvalues_iq4nl: the 16 values a 4-bit code of IQ4_NL and IQ4_XS stands for (a non-linear grid)
+
+
+def dequantize_iq4_nl(b):
+    """d (f16), qs[16] (bytes as Q4_0's): w = d·values[q]."""
+    return _f16(b[:, 0:2])[:, None] * IQ4_VALUES[_nibbles(b[:, 2:18])]
+
+
+def scales_iq4_xs(b: np.ndarray) -> np.ndarray:
+    """(n, 136) IQ4_XS blocks -> (n, 8) their groups' 6-bit scales − 32: group g keeps 4 bits in nibble g % 2
+    of scales_l byte g // 2 and 2 in bits 2g, 2g + 1 of the 16-bit scales_h."""
+    g = np.arange(8)
+    low = (b[:, 4 + g // 2] >> (4 * (g % 2)).astype(np.uint8)) & 15
+    high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> (2 * g).astype(np.uint16)) & 3
+    return (low | (high << 4)).astype(np.float32) - 32
+
+
+def dequantize_iq4_xs(b):
+    """d (f16), scales_h (u16), scales_l[4], qs[128] (16 bytes per group of 32, as Q4_0's):
+    w = (d·(sc − 32))·values[q]."""
+    scale = _f16(b[:, 0:2])[:, None] * scales_iq4_xs(b)                   # (n, 8)
+    q = _nibbles(b[:, 8:136].reshape(-1, 16)).reshape(-1, 8, 32)
+    return (scale[:, :, None] * IQ4_VALUES[q]).reshape(-1, QK_K)
+
+
 FORMATS = {f.name: f for f in [
     Format("F32", 0, 1, 4, dequantize_f32),
     Format("F16", 1, 1, 2, dequantize_f16),
@@ -200,6 +227,8 @@ FORMATS = {f.name: f for f in [
     Format("Q5_K", 13, QK_K, 176, dequantize_q5_k),
     Format("Q6_K", 14, QK_K, 210, dequantize_q6_k),
     Format("Q8_K", 15, QK_K, 292, dequantize_q8_k),
+    Format("IQ4_NL", 20, QK, 18, dequantize_iq4_nl),
+    Format("IQ4_XS", 23, QK_K, 136, dequantize_iq4_xs),
 ]}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 # the types whose products can round activations to int8 (int8.py, --activations int8)
@@ -207,7 +236,7 @@ INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
 
 # GGUF's other types, by number, so that a refusal can name them (ggml.h)
 OTHER_GGML_TYPES = {9: "Q8_1", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
-                    19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
+                    19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 24: "I8",
                     25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0",
                     35: "TQ2_0", 39: "MXFP4"}
 

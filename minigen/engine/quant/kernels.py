@@ -67,6 +67,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import numba   # noqa: E402
 import numpy as np   # noqa: E402
+from . import formats   # noqa: E402
 from llvmlite import ir   # noqa: E402
 from numba import njit, prange, types   # noqa: E402
 from numba.core import cgutils   # noqa: E402
@@ -84,7 +85,7 @@ FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reorde
 
 # each type's number in the kernels' branches, and the inputs of one unit of its tiles
 KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K"])}
+                                           "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])}
 UNIT = {name: 64 if name in ("Q4_K", "Q5_K") else GROUP for name in KINDS}
 
 
@@ -178,11 +179,19 @@ def _scales(kind, blk, u, s, o, s2, o2):
             a, c = blk[2 * u, j], blk[2 * u + 1, j]
             s[j], o[j] = d * F32(a & 15), dmin * F32(a >> 4)
             s2[j], o2[j] = d * F32(c & 15), dmin * F32(c >> 4)
-    else:                    # Q3_K: scales 2u, 2u + 1 of the 16 packed in bytes 96..107 (formats.scales_q3_k)
+    elif kind == 13:         # Q3_K: scales 2u, 2u + 1 of the 16 packed in bytes 96..107 (formats.scales_q3_k)
         for j in range(TILE):
             d = _half(blk[108, j], blk[109, j])
             s[j] = d * F32(_scale_q3_k(blk, 2 * u, j) - 32)
             s2[j] = d * F32(_scale_q3_k(blk, 2 * u + 1, j) - 32)
+    elif kind == 14:         # IQ4_NL: d
+        for j in range(TILE):
+            s[j] = _half(blk[0, j], blk[1, j])
+    else:                    # IQ4_XS: d·(sc − 32), sc's 4 low bits in a nibble of byte 4 + u // 2, 2 high in bytes 2, 3
+        for j in range(TILE):
+            low = (np.int64(blk[4 + u // 2, j]) >> (4 * (u % 2))) & 15
+            high = ((np.int64(blk[2, j]) | (np.int64(blk[3, j]) << 8)) >> (2 * u)) & 3
+            s[j] = _half(blk[0, j], blk[1, j]) * F32((low | (high << 4)) - 32)
 
 
 # --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
@@ -464,10 +473,34 @@ _store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8
 _store_q2_k, _dot_q2_k = _kernel_pair(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
 _store_q3_k, _dot_q3_k = _kernel_pair(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
 
+IQ4_VALUES = formats.IQ4_VALUES   # a global array: numba compiles it in as a constant
+
+
+@njit(inline="always", **JIT)
+def _iq4(blk, first, s, dot, x, x0, out):
+    """IQ4_NL, IQ4_XS: byte first + l (l < 16) holds inputs l (low nibble) and 16 + l (high); w = s·values[q],
+    exact. Plain numba loops (a table lookup per weight, which the IR above has no vector form for; LLVM
+    vectorises the loop over the 64 outputs with gathers where the CPU has them). out: flat, the 64
+    accumulators (dot) or the unit's values (inputs, 64)."""
+    for l in range(16):
+        for half in range(2):
+            i = l + 16 * half
+            if dot:
+                xi = x[x0 + i]
+                for j in range(TILE):
+                    out[j] += xi * (s[j] * IQ4_VALUES[(blk[first + l, j] >> (4 * half)) & 15])
+            else:
+                for j in range(TILE):
+                    out[i * TILE + j] = s[j] * IQ4_VALUES[(blk[first + l, j] >> (4 * half)) & 15]
+
+
 @njit(**JIT)
 def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
     """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
     _scales(kind, blk, u, s, o, s2, o2)
+    if kind >= 14:
+        _iq4(blk, 2 if kind == 14 else 8 + 16 * u, s, dot, x, x0, out.reshape(out.size))
+        return
     if dot:
         if kind == 0:
             _dot_f32(blk, u, s, o, s2, o2, x, x0, out)
