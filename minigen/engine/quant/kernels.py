@@ -458,6 +458,26 @@ def _emit_k23(u: _Unit, l, third: bool):
             u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(s, codes, o)], p)
 
 
+def _iq4_value(u: _Unit, code):
+    """formats.IQ4_VALUES[code] for codes <8 x i32> (0..15): a tree of 15 selects between the constants, one
+    level per bit of the code (portable IR: no vector instruction looks up a table on every CPU)."""
+    b = u.b
+    level = [_splat_const(FLOAT, float(v)) for v in formats.IQ4_VALUES]
+    for bit in range(4):
+        on = b.icmp_unsigned("!=", b.and_(code, _splat_const(I32, 1 << bit)), _splat_const(I32, 0))
+        level = [b.select(on, level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)]
+    return level[0]
+
+
+def _emit_iq4(u: _Unit, l, xs: bool):
+    """IQ4_NL (qs at byte 2), IQ4_XS unit g (its 16 bytes at 8 + 16g): byte l holds inputs l (low nibble) and
+    l + 16 (high), as Q4_0's. w = s·values[q] (s = d, or d·(sc − 32)), exact."""
+    b = u.b
+    qs = u.row(u.add(u.mul(u.u, 16), 8, l) if xs else u.add(2, l))
+    for turn, (i, shift) in enumerate(((l, 0), (u.add(l, 16), 4))):
+        u.put(i, [b.fmul(d, _iq4_value(u, u.bits(v, shift, 15))) for d, v in zip(u.scales[0], qs)], turn)
+
+
 _store_f32, _dot_f32 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
 _store_f16, _dot_f16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
 _store_bf16, _dot_bf16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
@@ -472,35 +492,13 @@ _store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64],
 _store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
 _store_q2_k, _dot_q2_k = _kernel_pair(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
 _store_q3_k, _dot_q3_k = _kernel_pair(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
-
-IQ4_VALUES = formats.IQ4_VALUES   # a global array: numba compiles it in as a constant
-
-
-@njit(inline="always", **JIT)
-def _iq4(blk, first, s, dot, x, x0, out):
-    """IQ4_NL, IQ4_XS: byte first + l (l < 16) holds inputs l (low nibble) and 16 + l (high); w = s·values[q],
-    exact. Plain numba loops (a table lookup per weight, which the IR above has no vector form for; LLVM
-    vectorises the loop over the 64 outputs with gathers where the CPU has them). out: flat, the 64
-    accumulators (dot) or the unit's values (inputs, 64)."""
-    for l in range(16):
-        for half in range(2):
-            i = l + 16 * half
-            if dot:
-                xi = x[x0 + i]
-                for j in range(TILE):
-                    out[j] += xi * (s[j] * IQ4_VALUES[(blk[first + l, j] >> (4 * half)) & 15])
-            else:
-                for j in range(TILE):
-                    out[i * TILE + j] = s[j] * IQ4_VALUES[(blk[first + l, j] >> (4 * half)) & 15]
-
+_store_iq4_nl, _dot_iq4_nl = _kernel_pair(lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
+_store_iq4_xs, _dot_iq4_xs = _kernel_pair(lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
 
 @njit(**JIT)
 def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
     """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
     _scales(kind, blk, u, s, o, s2, o2)
-    if kind >= 14:
-        _iq4(blk, 2 if kind == 14 else 8 + 16 * u, s, dot, x, x0, out.reshape(out.size))
-        return
     if dot:
         if kind == 0:
             _dot_f32(blk, u, s, o, s2, o2, x, x0, out)
@@ -528,8 +526,12 @@ def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
             _dot_q8_k(blk, u, s, o, s2, o2, x, x0, out)
         elif kind == 12:
             _dot_q2_k(blk, u, s, o, s2, o2, x, x0, out)
-        else:
+        elif kind == 13:
             _dot_q3_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 14:
+            _dot_iq4_nl(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _dot_iq4_xs(blk, u, s, o, s2, o2, x, x0, out)
     else:
         if kind == 0:
             _store_f32(blk, u, s, o, s2, o2, x, x0, out)
@@ -557,8 +559,12 @@ def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
             _store_q8_k(blk, u, s, o, s2, o2, x, x0, out)
         elif kind == 12:
             _store_q2_k(blk, u, s, o, s2, o2, x, x0, out)
-        else:
+        elif kind == 13:
             _store_q3_k(blk, u, s, o, s2, o2, x, x0, out)
+        elif kind == 14:
+            _store_iq4_nl(blk, u, s, o, s2, o2, x, x0, out)
+        else:
+            _store_iq4_xs(blk, u, s, o, s2, o2, x, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
