@@ -105,6 +105,23 @@ def test_times_switches_to_blas_on_long_inputs(kernels, matrices, monkeypatch):
     assert called == [matrix_module.BLAS_ROWS]
 
 
+def test_long_products_share_a_scratch_buffer_until_the_forward_ends(kernels, matrices, monkeypatch):
+    """times_blas dequantizes each chunk into this thread's scratch buffer: matrices of other shapes after one
+    another in it (chunks of 64 outputs here) are still each one's product; a forward pass frees it."""
+    import minigen
+    from conftest import FIXTURES_DIR
+    monkeypatch.setattr(matrix_module, "CHUNK", 64)
+    rng = np.random.default_rng(3)
+    for name in ("Q4_K", "Q8_0", "F16", "Q4_K"):
+        m, raw = matrices[name]
+        x = rng.standard_normal((5, m.shape[1])).astype(np.float32)
+        assert_product(m.times_blas(x), x, m.dequantize())
+    assert matrix_module._scratch
+    model, tok = minigen.load(FIXTURES_DIR / "gguf" / "llama.gguf")
+    model.logits(tok.encode("a prompt"))
+    assert not matrix_module._scratch
+
+
 def test_kernel_on_real_blocks(kernels):
     """Blocks of the real files (tests/fixtures/quant/real_blocks.npz) as whole matrices."""
     from pathlib import Path

@@ -44,6 +44,7 @@ from .layers import activation, gated, layer_norm, query_scale, rms_norm, rope_t
 from .linear import linear, rows_of
 from .mixers import Pass, make_cache, mixer_of
 from .moe import moe_mlp
+from .quant.matrix import release_scratch
 from . import cache as caches
 from ..errors import MinigenError
 
@@ -108,6 +109,7 @@ def run_layers(x: np.ndarray, params: dict, cfg: Config, seqs: list[Seq], start:
         last = last_only and i == cfg.n_layers - 1 and record is None and not hooks
         at = Pass(i, rows, tuple(s.cache[i] for s in seqs), tables.get(rope_of(cfg, i)), record, hooks, last)
         x = layer(x, params["layers"][i], cfg, at)
+    release_scratch()   # the buffers stored matrices dequantized a long prompt's chunks into (quant/matrix.py)
     if parallel.threads_for(n_rows) > 1:   # a long prompt's (the final layer may have kept one row)
         parallel.release_free_heap()
     if last_only and len(x) > len(seqs):

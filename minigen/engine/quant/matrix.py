@@ -7,8 +7,9 @@
 
 What it holds is the layout the kernels want (kernels.py): the GGUF blocks in tiles of 64 outputs,
 made once here from the file's bytes (a memory-mapped slice is read once and can be released after).
-`times` runs the numba kernel up to `BLAS_ROWS` rows; from there on (a long prompt) it dequantizes
-CHUNK outputs at a time into a float32 buffer and lets OpenBLAS's GEMM multiply, which is faster
+`times` runs the numba kernel below `BLAS_ROWS` rows; from there on (a long prompt) it dequantizes
+CHUNK outputs at a time into a float32 buffer (the thread's scratch buffer, kept until the forward pass
+ends) and lets OpenBLAS's GEMM multiply, which is faster
 there (scripts/bench_kernels.py measures the switch). Without numba (`HAVE_KERNELS` False) every
 product takes that second path, the reference the kernels are tested against: the engine then runs as
 it did before weights were kept stored, only slower to start each product; a loader that expects
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -37,10 +39,12 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 HAVE_KERNELS = HAVE_NUMBA and os.environ.get("MINIGEN_KERNELS", "1").strip() != "0"
 TILE, GROUP = 64, 32
 # from this many rows on, products go through float32 chunks and OpenBLAS. bench_kernels.py put the switch at 64
-# rows on an idle AMD EPYC; on the busy Intel Xeon here (2026-12-02) the kernel beat that path at 64, 128 and 512
-# rows on every matrix tried (SmolLM2's 3072 x 576 Q4_1 at 128 rows: 16 ms against 32, its 49152 x 576 Q8_0
-# lm_head at 512: 520 against 637) and OpenBLAS's float32 GEMM itself at up to 128
-BLAS_ROWS = 512
+# rows on an idle AMD EPYC. On the busy Intel Xeon here, on one thread (as a long prompt's halves run, parallel.py),
+# 2026-12-03: 8960 x 1536 Q4_K at 128 / 256 / 512 rows, kernel 73 / 146 / 304 ms, this path 94 / 143 / 185
+# (OpenBLAS on the float32 values alone 55 / 98 / 162); SmolLM2's 3072 x 576 Q4_1 11.0 / 19.6 / 35.8 against
+# 10.8 / 15.2 / 30.9. A 512-token prompt of Qwen2.5-Coder-0.5B Q4_K_M, whose halves of 256 rows took the kernel
+# with the switch at 512, took 1.55x the float32 model's time; at 256, 1.28x; at 128, 1.33x.
+BLAS_ROWS = 256
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -214,19 +218,20 @@ class StoredMatrix:
         out = self.shape[0]
         y = np.empty((len(x), out), np.float32)
         for lo in range(0, out, CHUNK):
-            w_t = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1).T   # (in, chunk), rows strided
+            w_t = self.dequantize_fast(slice(lo, min(out, lo + CHUNK)), threads=1, scratch=True).T   # (in, chunk), rows strided
             y[:, lo:lo + w_t.shape[1]] = x @ w_t   # (matmul into a strided `out=` took NumPy's slow loop: 10x)
         return y
 
-    def dequantize_fast(self, rows: slice = slice(None), threads: int | None = None) -> np.ndarray:
+    def dequantize_fast(self, rows: slice = slice(None), threads: int | None = None, scratch: bool = False) -> np.ndarray:
         """dequantize(rows) by the compiled decoder when there is one (the same values), on `threads`
         of numba's threads (None: all). Made transposed: the result is a view (out, in) of an (in, out)
-        array."""
+        array; with `scratch`, of this thread's scratch buffer (valid until its next use here)."""
         if not HAVE_KERNELS:
             return self.dequantize(rows)
         lo, hi, _ = rows.indices(self.shape[0])
         t0, t1 = lo // TILE, -(-hi // TILE)
-        w_t = np.empty((self.tiles.shape[1] * self.groups * GROUP, (t1 - t0) * TILE), np.float32)
+        shape = (self.tiles.shape[1] * self.groups * GROUP, (t1 - t0) * TILE)
+        w_t = scratch_buffer(shape) if scratch else np.empty(shape, np.float32)
         kernels = _compiled()[0]
         with kernels.threads(threads):
             kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
@@ -317,6 +322,25 @@ def _tile_floats(raw: np.ndarray, type: str, n_in: int) -> np.ndarray:
     padded[:out, :n_in] = v
     tiles = np.ascontiguousarray(padded.reshape(T, TILE, nb, GROUP).transpose(0, 2, 3, 1))
     return tiles.view(np.uint8)
+
+
+_scratch: dict[int, np.ndarray] = {}   # thread id -> its buffer for dequantized chunks (times_blas)
+
+
+def scratch_buffer(shape: tuple[int, int]) -> np.ndarray:
+    """A float32 array of this shape in the calling thread's scratch buffer, kept between products: a
+    fresh array per chunk spent more time on its pages' first touch than on decoding (8960 x 1536 Q4_K on
+    one thread: 40 ms, against 11 in a buffer used before). `release_scratch` frees them all."""
+    n, key = shape[0] * shape[1], threading.get_ident()
+    buf = _scratch.get(key)
+    if buf is None or buf.size < n:
+        buf = _scratch[key] = np.empty(n, np.float32)
+    return buf[:n].reshape(shape)
+
+
+def release_scratch() -> None:
+    """Drop every thread's scratch buffer (after a long prompt: decoding never uses them)."""
+    _scratch.clear()
 
 
 def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
