@@ -18,9 +18,9 @@ the same accumulator; a byte is loaded once for both.
 A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
 their two nibbles). Per unit:
 - `_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py;
-- for one row (a decode step), `_dot` adds x[unit] · w to the 64 accumulators, w computed from the
+- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64 accumulators, w computed from the
   bytes in registers and never stored;
-- for k rows, `_store` writes the unit's values w (unit, 64) into a buffer in L1 and `_accumulate`
+- for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and `_accumulate`
   adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded once serves
   both rows); so a weight is read from memory and decoded once whatever k is.
 Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
@@ -28,7 +28,7 @@ see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulatio
 the order of the inputs, which is not OpenBLAS's order: results equal `x @ dequantize().T` to float32's
 rounding of a sum, not to its last digit.
 
-`_dot` and `_store` are LLVM vector IR built here (`_emit_*`, one short function per type reading like
+Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short function per type reading like
 ggml-quants.c's dequantize_row_*), because numba computes integers in int64, which AVX2 cannot convert
 to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
 (vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 8 registers for
@@ -73,6 +73,7 @@ from numba import njit, prange, types   # noqa: E402
 from numba.core import cgutils   # noqa: E402
 from numba.core.compiler import CompilerBase, DefaultPassBuilder   # noqa: E402
 from numba.core.compiler_machinery import FunctionPass, register_pass   # noqa: E402
+from numba.core.errors import RequireLiteralValue   # noqa: E402
 from numba.core.untyped_passes import TranslateByteCode   # noqa: E402
 from numba.extending import intrinsic   # noqa: E402
 
@@ -257,9 +258,9 @@ class _Unit:
     """IR for one pass over one unit of one tile block: the pieces' byte rows, codes and scales, and
     where each value w of input l goes (`put`: a buffer row, or accumulated as x[l]·w)."""
 
-    def __init__(self, context, builder, sig, args, dot: bool, pieces):
+    def __init__(self, context, builder, argtypes, args, dot: bool, pieces):
         self.b = b = builder
-        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
         self.u = args[1]
         self.pieces = pieces                          # first output of each piece
@@ -335,26 +336,27 @@ class _Unit:
                 b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
 
 
-def _kernel_pair(emit, count: int, doc: str, prepare=None):
-    """Two intrinsics (store, dot), signature (blk, u, s, o, s2, o2, x, x0, out): for each pass of 32
-    outputs, prepare(unit) if given, then a loop of `count` steps, each emit(unit, l) for l = its index
-    (an IR i64)."""
-    def make(dot: bool):
-        @intrinsic
-        def fn(typingctx, blk, u, s, o, s2, o2, x, x0, out):
-            def codegen(context, builder, sig, args):
-                for first in range(0, TILE, PASS):
-                    unit = _Unit(context, builder, sig, args, dot, range(first, first + PASS, LANES))
-                    if prepare:
-                        prepare(unit)
-                    with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
-                        emit(unit, loop.index)
-                    unit.finish()
-                return context.get_dummy_value()
-            return types.none(blk, u, s, o, s2, o2, x, x0, out), codegen
-        fn.__doc__ = doc
-        return fn
-    return make(False), make(True)
+def _kernel(emit, count: int, doc: str, prepare=None):
+    """The intrinsic of one type, signature (dot, blk, u, s, o, s2, o2, x, x0, out) with `dot` a literal
+    bool (store the unit's values into out, or accumulate x · them into it): for each pass of 32 outputs,
+    prepare(unit) if given, then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
+    @intrinsic
+    def fn(typingctx, dot, blk, u, s, o, s2, o2, x, x0, out):
+        if not isinstance(dot, types.BooleanLiteral):
+            raise RequireLiteralValue("dot")   # numba types the call again with its literal value
+
+        def codegen(context, builder, sig, args):
+            for first in range(0, TILE, PASS):
+                unit = _Unit(context, builder, sig.args[1:], args[1:], dot.literal_value, range(first, first + PASS, LANES))
+                if prepare:
+                    prepare(unit)
+                with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
+                    emit(unit, loop.index)
+                unit.finish()
+            return context.get_dummy_value()
+        return types.none(dot, blk, u, s, o, s2, o2, x, x0, out), codegen
+    fn.__doc__ = doc
+    return fn
 
 
 def _emit_floats(u: _Unit, l, kind: str):
@@ -478,93 +480,59 @@ def _emit_iq4(u: _Unit, l, xs: bool):
         u.put(i, [b.fmul(d, _iq4_value(u, u.bits(v, shift, 15))) for d, v in zip(u.scales[0], qs)], turn)
 
 
-_store_f32, _dot_f32 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
-_store_f16, _dot_f16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
-_store_bf16, _dot_bf16 = _kernel_pair(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
-_store_q4_0, _dot_q4_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
-_store_q4_1, _dot_q4_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
-_store_q5_0, _dot_q5_0 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
-_store_q5_1, _dot_q5_1 = _kernel_pair(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
-_store_q8_0, _dot_q8_0 = _kernel_pair(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
-_store_q4_k, _dot_q4_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]", _k45_scales)
-_store_q5_k, _dot_q5_k = _kernel_pair(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
-_store_q6_k, _dot_q6_k = _kernel_pair(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
-_store_q8_k, _dot_q8_k = _kernel_pair(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
-_store_q2_k, _dot_q2_k = _kernel_pair(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
-_store_q3_k, _dot_q3_k = _kernel_pair(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
-_store_iq4_nl, _dot_iq4_nl = _kernel_pair(lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
-_store_iq4_xs, _dot_iq4_xs = _kernel_pair(lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
+_f32 = _kernel(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
+_f16 = _kernel(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
+_bf16 = _kernel(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
+_q4_0 = _kernel(lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
+_q4_1 = _kernel(lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
+_q5_0 = _kernel(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
+_q5_1 = _kernel(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
+_q8_0 = _kernel(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
+_q4_k = _kernel(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]", _k45_scales)
+_q5_k = _kernel(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
+_q6_k = _kernel(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
+_q8_k = _kernel(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
+_q2_k = _kernel(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
+_q3_k = _kernel(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
+_iq4_nl = _kernel(lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
+_iq4_xs = _kernel(lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
 
 @njit(**JIT)
 def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
     """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
     _scales(kind, blk, u, s, o, s2, o2)
-    if dot:
-        if kind == 0:
-            _dot_f32(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 1:
-            _dot_f16(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 2:
-            _dot_bf16(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 3:
-            _dot_q4_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 4:
-            _dot_q4_1(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 5:
-            _dot_q5_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 6:
-            _dot_q5_1(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 7:
-            _dot_q8_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 8:
-            _dot_q4_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 9:
-            _dot_q5_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 10:
-            _dot_q6_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 11:
-            _dot_q8_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 12:
-            _dot_q2_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 13:
-            _dot_q3_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 14:
-            _dot_iq4_nl(blk, u, s, o, s2, o2, x, x0, out)
-        else:
-            _dot_iq4_xs(blk, u, s, o, s2, o2, x, x0, out)
+    if kind == 0:
+        _f32(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 1:
+        _f16(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 2:
+        _bf16(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 3:
+        _q4_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 4:
+        _q4_1(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 5:
+        _q5_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 6:
+        _q5_1(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 7:
+        _q8_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 8:
+        _q4_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 9:
+        _q5_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 10:
+        _q6_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 11:
+        _q8_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 12:
+        _q2_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 13:
+        _q3_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+    elif kind == 14:
+        _iq4_nl(dot, blk, u, s, o, s2, o2, x, x0, out)
     else:
-        if kind == 0:
-            _store_f32(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 1:
-            _store_f16(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 2:
-            _store_bf16(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 3:
-            _store_q4_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 4:
-            _store_q4_1(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 5:
-            _store_q5_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 6:
-            _store_q5_1(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 7:
-            _store_q8_0(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 8:
-            _store_q4_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 9:
-            _store_q5_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 10:
-            _store_q6_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 11:
-            _store_q8_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 12:
-            _store_q2_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 13:
-            _store_q3_k(blk, u, s, o, s2, o2, x, x0, out)
-        elif kind == 14:
-            _store_iq4_nl(blk, u, s, o, s2, o2, x, x0, out)
-        else:
-            _store_iq4_xs(blk, u, s, o, s2, o2, x, x0, out)
+        _iq4_xs(dot, blk, u, s, o, s2, o2, x, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
