@@ -18,19 +18,19 @@ the same accumulator; a byte is loaded once for both.
 A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
 their two nibbles). Per unit:
 - `_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py;
-- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64 accumulators, w computed from the
-  bytes in registers and never stored;
-- for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and `_accumulate`
-  adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded once serves
-  both rows); so a weight is read from memory and decoded once whatever k is.
+- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64
+  accumulators, w computed from the bytes in registers and never stored;
+- for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and
+  `_accumulate` adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded
+  once serves both rows); so a weight is read from memory and decoded once whatever k is.
 Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
 see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulation is float32 FMAs in
 the order of the inputs, which is not OpenBLAS's order: results equal `x @ dequantize().T` to float32's
 rounding of a sum, not to its last digit.
 
-Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short function per type reading like
-ggml-quants.c's dequantize_row_*), because numba computes integers in int64, which AVX2 cannot convert
-to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
+Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short
+function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
+int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
 (vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 8 registers for
 the whole unit.
 
