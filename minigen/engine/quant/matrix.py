@@ -329,8 +329,9 @@ _scratch: dict[int, np.ndarray] = {}   # thread id -> its buffer for dequantized
 
 def scratch_buffer(shape: tuple[int, int]) -> np.ndarray:
     """A float32 array of this shape in the calling thread's scratch buffer, kept between products: a
-    fresh array per chunk spent more time on its pages' first touch than on decoding (8960 x 1536 Q4_K on
-    one thread: 40 ms, against 11 in a buffer used before). `release_scratch` frees them all."""
+    fresh array per chunk pays its pages' first touch each time (dequantizing on one thread, 2026-12-03:
+    8960 x 1536 Q4_K 44 ms into a fresh array, 31 into a buffer used before; 1536 x 8960 Q6_K 28 against
+    17). `release_scratch` frees them all (run_layers, at the end of every forward pass)."""
     n, key = shape[0] * shape[1], threading.get_ident()
     buf = _scratch.get(key)
     if buf is None or buf.size < n:
