@@ -71,14 +71,20 @@ def test_matrix(rng: np.random.Generator) -> np.ndarray:
     return x
 
 
+def build_driver(llama: Path, tmp: Path) -> Path:
+    """DRIVER compiled in tmp, linked against the tree's libggml-base.a: the path of the program."""
+    (tmp / "driver.c").write_text(DRIVER)
+    exe = tmp / "driver"
+    subprocess.run(["gcc", "-O2", str(tmp / "driver.c"), "-o", str(exe),
+                    f"-I{llama}/ggml/include", str(llama / "build/ggml/src/libggml-base.a"),
+                    "-lm", "-lstdc++", "-fopenmp", "-lpthread"], check=True)
+    return exe
+
+
 def llama_quantize(x: np.ndarray, llama: Path) -> dict[str, np.ndarray]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "driver.c").write_text(DRIVER)
-        exe = tmp / "driver"
-        subprocess.run(["gcc", "-O2", str(tmp / "driver.c"), "-o", str(exe),
-                        f"-I{llama}/ggml/include", str(llama / "build/ggml/src/libggml-base.a"),
-                        "-lm", "-lstdc++", "-fopenmp", "-lpthread"], check=True)
+        exe = build_driver(llama, tmp)
         x.tofile(tmp / "x.f32")
         out = {}
         for name, number in TYPES.items():

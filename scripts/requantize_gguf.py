@@ -10,7 +10,7 @@ Each 2-D tensor whose rows are whole blocks of the type is dequantized (gguf-py)
 build/ggml/src/libggml-base.a as scripts/make_quant_fixtures.py does; the rest, and every metadata field,
 is copied as it is. The values are the source's quantized twice: a file to test and time, not to use.
 
-Needs: gcc and a built llama.cpp tree (LLAMA_CPP_DIR, default the one minigen's helpers build).
+Needs: gcc and a built llama.cpp tree (--llama, default the one minigen's helpers build).
 """
 from __future__ import annotations
 
@@ -24,16 +24,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_quant_fixtures import DRIVER, LLAMA   # noqa: E402
-
-
-def driver(llama: Path, tmp: Path) -> Path:
-    (tmp / "driver.c").write_text(DRIVER)
-    exe = tmp / "driver"
-    subprocess.run(["gcc", "-O2", str(tmp / "driver.c"), "-o", str(exe), f"-I{llama}/ggml/include",
-                    str(llama / "build/ggml/src/libggml-base.a"), "-lm", "-lstdc++", "-fopenmp", "-lpthread"],
-                   check=True)
-    return exe
+from make_quant_fixtures import LLAMA, build_driver   # noqa: E402
 
 
 def quantize(exe: Path, tmp: Path, w: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
@@ -60,7 +51,7 @@ def main():
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        exe = driver(args.llama, tmp)
+        exe = build_driver(args.llama, tmp)
         tensors, changed = [], 0
         for t in reader.tensors:
             data, ttype = t.data, t.tensor_type
