@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
-from .kernels import GROUP, JIT, KINDS, TILE, F32, _k4_scales, _prefetch_ahead, _scales, ir_splat
+from .kernels import GROUP, JIT, KINDS, TILE, F32, _prefetch_ahead, ir_half, ir_scales, ir_splat
 from .formats import INT8_TYPES
 from .quantize import _round_half_away
 
@@ -68,22 +68,23 @@ def _const(t, value, n=LANES):
 
 class _Pass:
     """IR for the 16 outputs j0 ... j0 + 15 of one unit of one tile block, for `nrows` rows of activations
-    n0 ... n0 + nrows − 1 (arguments: blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc; see _unit): the
-    codes of a weight are made once and multiplied by every row."""
+    n0 ... n0 + nrows − 1 (arguments: blk, u, xq, n0, x0, dx, xs, g0, acc; see _unit): the codes of a weight
+    are made once and multiplied by every row."""
 
-    def __init__(self, context, builder, argtypes, args, j0, nrows):
+    def __init__(self, context, builder, argtypes, args, kind: str, j0, nrows):
         self.b = b = builder
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
         self.u, self.j0, self.nrows = args[1], j0, nrows
-        self.scales = [self.load(b.bitcast(arr(i).data, FLOAT.as_pointer()), j0, FLOAT) for i in (2, 3, 4, 5)]
-        self.xq, self.xq_row = b.bitcast(arr(6).data, I8.as_pointer()), width(6)
-        self.n0, self.x0 = args[7], args[8]
-        self.dx, self.dx_row = b.bitcast(arr(9).data, FLOAT.as_pointer()), width(9)
-        self.xs, self.xs_row = b.bitcast(arr(10).data, FLOAT.as_pointer()), width(10)
-        self.g0 = args[11]
-        self.acc = b.bitcast(arr(12).data, FLOAT.as_pointer())
+        self.xq, self.xq_row = b.bitcast(arr(2).data, I8.as_pointer()), width(2)
+        self.n0, self.x0 = args[3], args[4]
+        self.dx, self.dx_row = b.bitcast(arr(5).data, FLOAT.as_pointer()), width(5)
+        self.xs, self.xs_row = b.bitcast(arr(6).data, FLOAT.as_pointer()), width(6)
+        self.g0 = args[7]
+        self.acc = b.bitcast(arr(8).data, FLOAT.as_pointer())
+        # s, o, s2, o2 of the 16 outputs (kernels.ir_scales; Q6_K's units are half blocks: its own, _emit_q6)
+        self.scales = ir_scales(b, kind, self.row, self.u) if kind != "Q6_K" else None
 
     def at_row(self, r, stride, i):
         """Element i of activation row n0 + r of an array whose rows are `stride` long."""
@@ -206,20 +207,22 @@ def _nibbles(b, v):
     return b.and_(v, _bytes(64, 15)), b.and_(b.lshr(v, _bytes(64, 4)), _bytes(64, 15))
 
 
-def _int8_kernel(emit, doc: str, kind: int):
+def _int8_kernel(kind: str, doc: str):
     """The intrinsic of one type: (many, blk, u, ...) with `many` a literal bool, for ROWS[kind] rows (many)
     or one."""
+    number = KINDS[kind]
+
     @intrinsic
-    def fn(typingctx, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
+    def fn(typingctx, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
         if not isinstance(many, types.BooleanLiteral):
             raise RequireLiteralValue("many")   # numba types the call again with its literal value
-        nrows = ROWS[kind] if many.literal_value else 1
+        nrows = ROWS[number] if many.literal_value else 1
 
         def codegen(context, builder, sig, args):
             for j0 in range(0, TILE, LANES):
-                emit(_Pass(context, builder, sig.args[1:], args[1:], j0, nrows))
+                EMIT[number](_Pass(context, builder, sig.args[1:], args[1:], kind, j0, nrows))
             return context.get_dummy_value()
-        return types.none(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc), codegen
+        return types.none(many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
     fn.__doc__ = doc
     return fn
 
@@ -235,7 +238,7 @@ def _emit_k4(p: _Pass):
         lo, hi = _nibbles(b, p.quad(b.add(rows, l)))
         return [(lo, l), (hi, b.add(l, p.i64(32)))]
     sums = p.sums(8, streams)
-    (s, o), (s2, o2) = (_k4_scales(b, p.row, g) for g in (b.mul(p.u, p.i64(2)), p.add(b.mul(p.u, p.i64(2)), 1)))
+    s, o, s2, o2 = p.scales
     for r, (lo, hi) in enumerate(sums):
         terms = []
         for i, (d, sc, off) in enumerate(((lo, s, o), (hi, s2, o2))):
@@ -266,7 +269,7 @@ def _emit_q6(p: _Pass):
             for q in range(4):
                 out.append((b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))), p.add(l, 32 * q)))
         return out   # stream 4·(part // 16) + q
-    d = _half_row(p, 208)
+    d = ir_half(b, p.row(208), p.row(209))
     scale = lambda q, part: b.fmul(d, b.sitofp(b.sext(p.row(p.add(b.mul(h, p.i64(8)), 192 + 2 * q + part)), _vec(I32)), _vec(FLOAT)))
     scales = {(q, part): scale(q, part) for q in range(4) for part in (0, 1)}
     c32 = p.fsplat(ir.Constant(FLOAT, 32.0))
@@ -280,14 +283,6 @@ def _emit_q6(p: _Pass):
             term = b.fmul(p.dx_of(r, q), inner)
             total = term if total is None else b.fadd(total, term)
         p.add_to_outputs(r, total)
-
-
-def _half_row(p: _Pass, r: int):
-    """The float16 in byte rows r, r + 1 of the 16 outputs, as <16 x float>."""
-    b = p.b
-    lo, hi = (b.zext(p.row(p.i64(k)), _vec(I16)) for k in (r, r + 1))
-    bits = b.or_(lo, b.shl(hi, _const(I16, 8)))
-    return b.fpext(b.bitcast(bits, _vec(ir.HalfType())), _vec(FLOAT))
 
 
 def _emit_q8(p: _Pass):
@@ -340,29 +335,28 @@ UNIT = {"Q6_K": 128}   # inputs per unit where not kernels.py's (a Q6_K half blo
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
-_q4_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(EMIT[k], f"kind {k}", k) for k in (8, 10, 7, 3, 4, 5, 6))
+_q4_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(k, f"{k} times int8 activations")
+                                                   for k in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
 
 
 @njit(inline="always", **JIT)
-def _unit(kind, many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc):
+def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block for rows n0 ... (ROWS[kind] of them if many, else one): acc[n] (64,) += its share of
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
-    if kind != 10:   # Q6_K's scales are made in its IR, per half of a block
-        _scales(kind, blk, u, s, o, s2, o2)
     if kind == 8:
-        _q4_k(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q4_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 10:
-        _q6_k(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q6_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 7:
-        _q8_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q8_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 4:
-        _q4_1(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q4_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 5:
-        _q5_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q5_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 6:
-        _q5_1(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q5_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     else:
-        _q4_0(many, blk, u, s, o, s2, o2, xq, n0, x0, dx, xs, g0, acc)
+        _q4_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
 
 
 @njit(parallel=True, **JIT)
@@ -373,15 +367,14 @@ def _times(kind, tiles, units, unit_in, xq, dx, xs, y):
     many = ROWS[kind]
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
-        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
         for b in range(n_blocks):
             for u in range(units):
                 _prefetch_ahead(tiles, t, b, u, units, rows)
                 i0 = unit_in * (units * b + u)
                 for n0 in range(0, k - k % many, many):
-                    _unit(kind, True, tiles[t, b], u, s, o, s2, o2, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                    _unit(kind, True, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
                 for n0 in range(k - k % many, k):
-                    _unit(kind, False, tiles[t, b], u, s, o, s2, o2, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                    _unit(kind, False, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
                 y[n, TILE * t + j] = acc[n, j]

@@ -17,7 +17,9 @@ the same accumulator; a byte is loaded once for both.
 
 A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
 their two nibbles). Per unit:
-- `_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py;
+- `ir_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py,
+  8 outputs to a vector (a scalar loop over the 64 outputs took as long as the unit's products: Q4_0's
+  one-row int8 kernel on 8960 x 1536, one thread, 1.76 ms with it, 0.52 without; the exact 4.1 / 2.0);
 - for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64
   accumulators, w computed from the bytes in registers and never stored;
 - for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and
@@ -55,6 +57,7 @@ do 16-32 multiply-adds per instruction on int8 activations (int8.py is a first s
 """
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 
@@ -116,85 +119,6 @@ class _Compiler(CompilerBase):
 JIT = dict(cache=True, fastmath=FAST, error_model="numpy", pipeline_class=_Compiler)
 
 
-# --- scalars: float16 and bit fields, in 8 or 16 bits (numba would compute them in int64) -------------
-
-@intrinsic
-def _half(typingctx, lo, hi):
-    """Two bytes of a little-endian float16 -> its float32 value (exact; vcvtph2ps)."""
-    def codegen(context, builder, sig, args):
-        i16 = ir.IntType(16)
-        bits = builder.or_(builder.zext(args[0], i16), builder.shl(builder.zext(args[1], i16), ir.Constant(i16, 8)))
-        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
-    return types.float32(types.uint8, types.uint8), codegen
-
-
-@intrinsic
-def _float32(typingctx, b0, b1, b2, b3):
-    """Four bytes of a little-endian float32 -> its value."""
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        bits = builder.zext(args[0], i32)
-        for k in (1, 2, 3):
-            bits = builder.or_(bits, builder.shl(builder.zext(args[k], i32), ir.Constant(i32, 8 * k)))
-        return builder.bitcast(bits, ir.FloatType())
-    return types.float32(types.uint8, types.uint8, types.uint8, types.uint8), codegen
-
-
-# --- per unit: each output's scale and offset, in float32 as formats.py ----------------------------------
-# s, o: the unit's first group; s2, o2: its second (Q4_K, Q5_K: the high nibbles; Q6_K: inputs 16..31)
-
-@njit(inline="always", **JIT)
-def _scale_q3_k(blk, i, j):
-    """Q3_K's 6-bit scale i of output j: 4 bits in byte 96 + i % 8 (low nibble for i < 8), 2 in byte
-    104 + i % 4 at bits 2·(i // 4)."""
-    low = (np.int64(blk[96 + i % 8, j]) >> (4 * (i // 8))) & 15
-    high = (np.int64(blk[104 + i % 4, j]) >> (2 * (i // 4))) & 3
-    return low | (high << 4)
-
-
-@njit(**JIT)
-def _scales(kind, blk, u, s, o, s2, o2):
-    if kind <= 2:        # F32, F16, BF16: none
-        return
-    if kind in (3, 5, 7):    # Q4_0, Q5_0, Q8_0: d
-        for j in range(TILE):
-            s[j] = _half(blk[0, j], blk[1, j])
-    elif kind in (4, 6):     # Q4_1, Q5_1: d, m
-        for j in range(TILE):
-            s[j] = _half(blk[0, j], blk[1, j])
-            o[j] = _half(blk[2, j], blk[3, j])
-    elif kind in (8, 9):     # Q4_K, Q5_K: computed in the IR from the block's bytes (_k4_scales)
-        return
-    elif kind == 10:         # Q6_K: group u = quarter r of half h, int8 scales of its two halves of 16
-        h, r = u >> 2, u & 3
-        for j in range(TILE):
-            d = _half(blk[208, j], blk[209, j])
-            s[j] = d * F32(np.int8(blk[192 + 8 * h + 2 * r, j]))
-            s2[j] = d * F32(np.int8(blk[193 + 8 * h + 2 * r, j]))
-    elif kind == 11:         # Q8_K: d float32
-        for j in range(TILE):
-            s[j] = _float32(blk[0, j], blk[1, j], blk[2, j], blk[3, j])
-    elif kind == 12:         # Q2_K: group u's halves of 16 have scale bytes 2u, 2u + 1 (sc low nibble, m high)
-        for j in range(TILE):
-            d, dmin = _half(blk[80, j], blk[81, j]), _half(blk[82, j], blk[83, j])
-            a, c = blk[2 * u, j], blk[2 * u + 1, j]
-            s[j], o[j] = d * F32(a & 15), dmin * F32(a >> 4)
-            s2[j], o2[j] = d * F32(c & 15), dmin * F32(c >> 4)
-    elif kind == 13:         # Q3_K: scales 2u, 2u + 1 of the 16 packed in bytes 96..107 (formats.scales_q3_k)
-        for j in range(TILE):
-            d = _half(blk[108, j], blk[109, j])
-            s[j] = d * F32(_scale_q3_k(blk, 2 * u, j) - 32)
-            s2[j] = d * F32(_scale_q3_k(blk, 2 * u + 1, j) - 32)
-    elif kind == 14:         # IQ4_NL: d
-        for j in range(TILE):
-            s[j] = _half(blk[0, j], blk[1, j])
-    else:                    # IQ4_XS: d·(sc − 32), sc's 4 low bits in a nibble of byte 4 + u // 2, 2 high in bytes 2, 3
-        for j in range(TILE):
-            low = (np.int64(blk[4 + u // 2, j]) >> (4 * (u % 2))) & 15
-            high = ((np.int64(blk[2, j]) | (np.int64(blk[3, j]) << 8)) >> (2 * u)) & 3
-            s[j] = _half(blk[0, j], blk[1, j]) * F32((low | (high << 4)) - 32)
-
-
 # --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
 # A unit is emitted as a loop over its inputs, in passes of 32 outputs: 4 pieces of 8 outputs, one AVX2
 # vector each. Per input, each piece's bytes are loaded (8 at a time, zero-extended to 32 bits by
@@ -228,15 +152,17 @@ def ir_bits(b, v, shift, mask: int, t, lanes: int = LANES):
     return b.and_(b.lshr(v, amount), ir.Constant(_vec(t, lanes), [mask] * lanes))
 
 
+def ir_half(b, lo, hi):
+    """Two byte rows <n x i8> (low, high byte) of little-endian float16s -> <n x float> (exact; vcvtph2ps)."""
+    n = lo.type.count
+    i16 = ir.VectorType(I16, n)
+    bits = b.or_(b.zext(lo, i16), b.shl(b.zext(hi, i16), ir.Constant(i16, [8] * n)))
+    return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), n)), ir.VectorType(FLOAT, n))
+
+
 def _k4_scales(b, row, g):
     """(s, o) = (d·sc, dmin·m) of group g (an IR i64) of a Q4_K / Q5_K block, from its byte rows
     (row(r) -> <n x i8>): get_scale_min_k4 on vectors, both of its forms computed and one selected."""
-    def half(r):
-        lo, hi = row(r), row(r + 1)
-        n = lo.type.count
-        bits = b.or_(b.zext(lo, ir.VectorType(I16, n)), b.shl(b.zext(hi, ir.VectorType(I16, n)), ir.Constant(ir.VectorType(I16, n), [8] * n)))
-        return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), n)), ir.VectorType(FLOAT, n))
-
     n = row(0).type.count
     c = lambda v: ir.Constant(ir.VectorType(I8, n), [v] * n)
     i64 = lambda v: ir.Constant(I64, v)
@@ -251,24 +177,79 @@ def _k4_scales(b, row, g):
     to_float = lambda v: b.uitofp(v, ir.VectorType(FLOAT, n))
     sc = to_float(b.select(small, sc_small, sc_big))
     m = to_float(b.select(small, m_small, m_big))
-    return b.fmul(half(0), sc), b.fmul(half(2), m)
+    return b.fmul(ir_half(b, row(0), row(1)), sc), b.fmul(ir_half(b, row(2), row(3)), m)
+
+
+def ir_scales(b, kind: str, row, u) -> list:
+    """[s, o, s2, o2]: each output's scale and offset for unit u (an IR i64) of a block of type `kind`, s, o
+    for its first group (Q4_K, Q5_K: the low nibbles; Q6_K, Q2_K, Q3_K: inputs 0..15 of the group), s2, o2 for
+    its second, None where the type has none; from the block's byte rows (row(r) -> <n x i8>, r an int or an
+    IR i64), in float32 as formats.py computes them (each product exact, so bit-equal to it)."""
+    n = row(0).type.count
+    vec = lambda t: ir.VectorType(t, n)
+    i64 = lambda v: ir.Constant(I64, v) if isinstance(v, int) else v
+    add = lambda *t: functools.reduce(b.add, [i64(v) for v in t])
+    unsigned = lambda v: b.uitofp(v, vec(FLOAT))
+    signed = lambda v, t=I8: b.sitofp(b.sext(v, vec(I32)) if t.width < 32 else v, vec(FLOAT))
+    half = lambda r: ir_half(b, row(r), row(r + 1))
+    if kind in ("F32", "F16", "BF16"):
+        return [None] * 4
+    if kind in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"):                                 # d
+        return [half(0), None, None, None]
+    if kind in ("Q4_1", "Q5_1"):                                                     # d, m
+        return [half(0), half(2), None, None]
+    if kind in ("Q4_K", "Q5_K"):                                                     # groups 2u, 2u + 1
+        g = b.mul(u, i64(2))
+        return [*_k4_scales(b, row, g), *_k4_scales(b, row, b.add(g, i64(1)))]
+    if kind == "Q6_K":       # group u = quarter r of half h: d times the int8 scales of its two halves of 16
+        at = add(192, b.mul(b.lshr(u, i64(2)), i64(8)), b.mul(b.and_(u, i64(3)), i64(2)))
+        d = half(208)
+        return [b.fmul(d, signed(row(at))), None, b.fmul(d, signed(row(b.add(at, i64(1))))), None]
+    if kind == "Q8_K":       # d, float32
+        bits = functools.reduce(b.or_, [b.shl(b.zext(row(k), vec(I32)), ir.Constant(vec(I32), [8 * k] * n)) for k in range(4)])
+        return [b.bitcast(bits, vec(FLOAT)), None, None, None]
+    if kind == "Q2_K":       # group u's halves of 16: scale bytes 2u, 2u + 1 (sc in the low nibble, m in the high)
+        d, dmin = half(80), half(82)
+        out = []
+        for k in (0, 1):
+            v = row(add(b.mul(u, i64(2)), k))
+            out += [b.fmul(d, unsigned(ir_bits(b, v, 0, 15, I32, n))), b.fmul(dmin, unsigned(ir_bits(b, v, 4, 15, I32, n)))]
+        return out
+    if kind == "Q3_K":       # scales 2u, 2u + 1 of 16: 4 bits in byte 96 + i % 8 (low nibble for i < 8), 2 in
+        d = half(108)        # byte 104 + i % 4 at bits 2·(i // 4) (formats.scales_q3_k)
+        out = []
+        for k in (0, 1):
+            i = add(b.mul(u, i64(2)), k)
+            low = ir_bits(b, row(b.add(i64(96), b.and_(i, i64(7)))), b.mul(b.lshr(i, i64(3)), i64(4)), 15, I32, n)
+            high = ir_bits(b, row(b.add(i64(104), b.and_(i, i64(3)))), b.mul(b.lshr(i, i64(2)), i64(2)), 3, I32, n)
+            sc = b.sub(b.or_(low, b.shl(high, ir.Constant(vec(I32), [4] * n))), ir.Constant(vec(I32), [32] * n))
+            out += [b.fmul(d, signed(sc, I32)), None]
+        return out
+    if kind == "IQ4_XS":     # d·(sc − 32): 4 bits in nibble u % 2 of byte 4 + u // 2, 2 in bits 2u of the u16 at 2
+        low = ir_bits(b, row(b.add(i64(4), b.lshr(u, i64(1)))), b.mul(b.and_(u, i64(1)), i64(4)), 15, I32, n)
+        word = b.or_(b.zext(row(2), vec(I32)), b.shl(b.zext(row(3), vec(I32)), ir.Constant(vec(I32), [8] * n)))
+        high = b.and_(b.lshr(word, ir_splat(b, b.trunc(b.mul(u, i64(2)), I32), I32, n)), ir.Constant(vec(I32), [3] * n))
+        sc = b.sub(b.or_(low, b.shl(high, ir.Constant(vec(I32), [4] * n))), ir.Constant(vec(I32), [32] * n))
+        return [b.fmul(half(0), signed(sc, I32)), None, None, None]
+    raise ValueError(kind)
 
 
 class _Unit:
     """IR for one pass over one unit of one tile block: the pieces' byte rows, codes and scales, and
     where each value w of input l goes (`put`: a buffer row, or accumulated as x[l]·w)."""
 
-    def __init__(self, context, builder, argtypes, args, dot: bool, pieces):
+    def __init__(self, context, builder, argtypes, args, kind: str, dot: bool, pieces):
         self.b = b = builder
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
         self.u = args[1]
         self.pieces = pieces                          # first output of each piece
-        scales = [b.bitcast(arr(i).data, FLOAT.as_pointer()) for i in (2, 3, 4, 5)]
-        self.scales = [[self.load(p, j, FLOAT) for j in pieces] for p in scales]
-        self.x = b.bitcast(arr(6).data, FLOAT.as_pointer())
-        self.x0 = args[7]
-        self.out = b.bitcast(arr(8).data, FLOAT.as_pointer())
+        self.x = b.bitcast(arr(2).data, FLOAT.as_pointer())
+        self.x0 = args[3]
+        self.out = b.bitcast(arr(4).data, FLOAT.as_pointer())
+        # scales[k][piece]: s, o, s2, o2 (ir_scales) of each piece's outputs
+        per_piece = [ir_scales(b, kind, lambda r, j=j: self.load(self.row_base(r, I8), j, I8), self.u) for j in pieces]
+        self.scales = [[p[k] for p in per_piece] for k in range(4)]
         self.dot = dot
         self.fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
         if dot:   # acc[piece][turn], in allocas that LLVM keeps in registers
@@ -293,10 +274,14 @@ class _Unit:
         p = self.b.gep(ptr, [self.i64(at)])
         return self.b.load(self.b.bitcast(p, _vec(t).as_pointer()), align=1)
 
+    def row_base(self, r, t):
+        """Where row r of the block begins, as a pointer to t."""
+        size = t.width // 8 if isinstance(t, ir.IntType) else 4
+        return self.b.bitcast(self.b.gep(self.base, [self.mul(r, TILE * size)]), t.as_pointer())
+
     def row(self, r, t=I8):
         """Row r of the block, one <8 x t> per piece (t: i8 for block types; i16 / float for F16, BF16, F32)."""
-        size = t.width // 8 if isinstance(t, ir.IntType) else 4
-        base = self.b.bitcast(self.b.gep(self.base, [self.mul(r, TILE * size)]), t.as_pointer())
+        base = self.row_base(r, t)
         return [self.load(base, j, t) for j in self.pieces]
 
     def splat(self, value, t):
@@ -336,25 +321,23 @@ class _Unit:
                 b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
 
 
-def _kernel(emit, count: int, doc: str, prepare=None):
-    """The intrinsic of one type, signature (dot, blk, u, s, o, s2, o2, x, x0, out) with `dot` a literal
-    bool (store the unit's values into out, or accumulate x · them into it): for each pass of 32 outputs,
-    prepare(unit) if given, then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
+def _kernel(kind: str, emit, count: int, doc: str):
+    """The intrinsic of one type, signature (dot, blk, u, x, x0, out) with `dot` a literal bool (store the
+    unit's values into out, or accumulate x · them into it): for each pass of 32 outputs, their scales
+    (ir_scales), then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
     @intrinsic
-    def fn(typingctx, dot, blk, u, s, o, s2, o2, x, x0, out):
+    def fn(typingctx, dot, blk, u, x, x0, out):
         if not isinstance(dot, types.BooleanLiteral):
             raise RequireLiteralValue("dot")   # numba types the call again with its literal value
 
         def codegen(context, builder, sig, args):
             for first in range(0, TILE, PASS):
-                unit = _Unit(context, builder, sig.args[1:], args[1:], dot.literal_value, range(first, first + PASS, LANES))
-                if prepare:
-                    prepare(unit)
+                unit = _Unit(context, builder, sig.args[1:], args[1:], kind, dot.literal_value, range(first, first + PASS, LANES))
                 with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
                     emit(unit, loop.index)
                 unit.finish()
             return context.get_dummy_value()
-        return types.none(dot, blk, u, s, o, s2, o2, x, x0, out), codegen
+        return types.none(dot, blk, u, x, x0, out), codegen
     fn.__doc__ = doc
     return fn
 
@@ -395,16 +378,6 @@ def _emit_q8(u: _Unit, l, row_qs: int):
     first = u.add(row_qs, u.mul(u.u, GROUP)) if row_qs == 4 else u.i64(row_qs)
     qs = u.row(b.add(first, l))
     u.put(l, [b.fmul(d, b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT))) for d, v in zip(u.scales[0], qs)])
-
-
-def _k45_scales(u: _Unit):
-    """Q4_K, Q5_K unit c: the scales of groups 2c (s, o) and 2c + 1 (s2, o2), from the block's bytes."""
-    b = u.b
-    pieces = [_k4_scales(b, lambda r, j=j: u.row(r)[j], g) for g in (u.mul(u.u, 2), u.add(u.mul(u.u, 2), 1))
-              for j in range(len(u.pieces))]
-    n = len(u.pieces)
-    u.scales = [[pieces[j][0] for j in range(n)], [pieces[j][1] for j in range(n)],
-                [pieces[n + j][0] for j in range(n)], [pieces[n + j][1] for j in range(n)]]
 
 
 def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
@@ -480,59 +453,59 @@ def _emit_iq4(u: _Unit, l, xs: bool):
         u.put(i, [b.fmul(d, _iq4_value(u, u.bits(v, shift, 15))) for d, v in zip(u.scales[0], qs)], turn)
 
 
-_f32 = _kernel(lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
-_f16 = _kernel(lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
-_bf16 = _kernel(lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
-_q4_0 = _kernel(lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
-_q4_1 = _kernel(lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
-_q5_0 = _kernel(lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
-_q5_1 = _kernel(lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
-_q8_0 = _kernel(lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
-_q4_k = _kernel(lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]", _k45_scales)
-_q5_k = _kernel(lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]", _k45_scales)
-_q6_k = _kernel(_emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
-_q8_k = _kernel(lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
-_q2_k = _kernel(lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
-_q3_k = _kernel(lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
-_iq4_nl = _kernel(lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
-_iq4_xs = _kernel(lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
+_f32 = _kernel("F32", lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
+_f16 = _kernel("F16", lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
+_bf16 = _kernel("BF16", lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
+_q4_0 = _kernel("Q4_0", lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
+_q4_1 = _kernel("Q4_1", lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
+_q5_0 = _kernel("Q5_0", lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
+_q5_1 = _kernel("Q5_1", lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
+_q8_0 = _kernel("Q8_0", lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
+_q4_k = _kernel("Q4_K", lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]")
+_q5_k = _kernel("Q5_K", lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]")
+_q6_k = _kernel("Q6_K", _emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
+_q8_k = _kernel("Q8_K", lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
+_q2_k = _kernel("Q2_K", lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
+_q3_k = _kernel("Q3_K", lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
+_iq4_nl = _kernel("IQ4_NL", lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
+_iq4_xs = _kernel("IQ4_XS", lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
+
 
 @njit(**JIT)
-def _unit(kind, dot, blk, u, s, o, s2, o2, x, x0, out):
+def _unit(kind, dot, blk, u, x, x0, out):
     """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
-    _scales(kind, blk, u, s, o, s2, o2)
     if kind == 0:
-        _f32(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _f32(dot, blk, u, x, x0, out)
     elif kind == 1:
-        _f16(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _f16(dot, blk, u, x, x0, out)
     elif kind == 2:
-        _bf16(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _bf16(dot, blk, u, x, x0, out)
     elif kind == 3:
-        _q4_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q4_0(dot, blk, u, x, x0, out)
     elif kind == 4:
-        _q4_1(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q4_1(dot, blk, u, x, x0, out)
     elif kind == 5:
-        _q5_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q5_0(dot, blk, u, x, x0, out)
     elif kind == 6:
-        _q5_1(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q5_1(dot, blk, u, x, x0, out)
     elif kind == 7:
-        _q8_0(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q8_0(dot, blk, u, x, x0, out)
     elif kind == 8:
-        _q4_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q4_k(dot, blk, u, x, x0, out)
     elif kind == 9:
-        _q5_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q5_k(dot, blk, u, x, x0, out)
     elif kind == 10:
-        _q6_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q6_k(dot, blk, u, x, x0, out)
     elif kind == 11:
-        _q8_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q8_k(dot, blk, u, x, x0, out)
     elif kind == 12:
-        _q2_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q2_k(dot, blk, u, x, x0, out)
     elif kind == 13:
-        _q3_k(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _q3_k(dot, blk, u, x, x0, out)
     elif kind == 14:
-        _iq4_nl(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _iq4_nl(dot, blk, u, x, x0, out)
     else:
-        _iq4_xs(dot, blk, u, s, o, s2, o2, x, x0, out)
+        _iq4_xs(dot, blk, u, x, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
@@ -629,16 +602,15 @@ def times(kind, tiles, units, unit_in, x, y):
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
         w = np.empty((64, TILE), F32)
-        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
         rows = tiles.shape[2]
         for b in range(n_blocks):
             for u in range(units):
                 _prefetch_ahead(tiles, t, b, u, units, rows)
                 i0 = unit_in * (units * b + u)
                 if k == 1:
-                    _unit(kind, True, tiles[t, b], u, s, o, s2, o2, x[0], i0, acc[0])
+                    _unit(kind, True, tiles[t, b], u, x[0], i0, acc[0])
                 else:
-                    _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x[0], i0, w)
+                    _unit(kind, False, tiles[t, b], u, x[0], i0, w)
                     _accumulate(acc, x, i0, w, unit_in)
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
@@ -654,12 +626,11 @@ def dequantize(kind, tiles, units, unit_in, out_t):
     n_out = out_t.shape[1]
     for t in prange(n_tiles):
         w = np.empty((64, TILE), F32)
-        s, o, s2, o2 = np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32), np.empty(TILE, F32)
         x = np.empty(1, F32)
         width = min(TILE, n_out - TILE * t)
         for b in range(n_blocks):
             for u in range(units):
-                _unit(kind, False, tiles[t, b], u, s, o, s2, o2, x, 0, w)
+                _unit(kind, False, tiles[t, b], u, x, 0, w)
                 i0 = unit_in * (units * b + u)
                 for i in range(unit_in):
                     for j in range(width):
