@@ -122,6 +122,26 @@ def test_long_products_share_a_scratch_buffer_until_the_forward_ends(kernels, ma
     assert not matrix_module._scratch
 
 
+def test_a_decode_step_beside_busy_cores_keeps_the_kernels_to_one_thread(kernels, matrices):
+    """parallel.blas_alone (a decode step while other processes hold a core) sets numba's threads to one for
+    the whole step and gives them back after; asking again for one inside is free; the product is the same."""
+    import numba
+    from minigen.engine import parallel
+    from minigen.engine.quant import kernels as k
+    m, raw = matrices["Q4_1"]
+    x = np.random.default_rng(5).standard_normal((2, m.shape[1])).astype(np.float32)
+    before = numba.get_num_threads()
+    with parallel.blas_alone():
+        assert numba.get_num_threads() == 1
+        assert type(k.threads(1)).__name__ == "nullcontext"   # already one: no get/set per product
+        y = m.times(x, 1)
+        with k.threads(2):
+            assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+    assert_product(y, x, dequantize(raw, "Q4_1"))
+
+
 def test_kernel_on_real_blocks(kernels):
     """Blocks of the real files (tests/fixtures/quant/real_blocks.npz) as whole matrices."""
     from pathlib import Path

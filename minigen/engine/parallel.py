@@ -28,6 +28,7 @@ import ctypes
 import glob
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -142,7 +143,7 @@ def blas_alone():
         yield
         return
     put, get = _openblas() or (lambda n: None, lambda: None)
-    with _lock:
+    with _lock, _kernels_alone():
         before = get()
         put(1)
         _local.alone = True
@@ -151,6 +152,13 @@ def blas_alone():
         finally:
             _local.alone = False
             put(before)
+
+
+def _kernels_alone():
+    """minigen's numba kernels on this thread alone meanwhile, where they are loaded (numba is not imported
+    for them here): one setting for a whole decode step, not one per product (linear.py asks again)."""
+    kernels = sys.modules.get("minigen.engine.quant.kernels")
+    return kernels.threads(1) if kernels is not None else nullcontext()
 
 
 def alone() -> bool:

@@ -360,10 +360,14 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
 
 
 @njit(parallel=True, **JIT)
-def _times(kind, tiles, units, unit_in, xq, dx, xs, y):
-    """y (k, out) for activations already rounded: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16) float32."""
+def _times(kind, tiles, units, unit_in, x, out):
+    """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
+    float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
     n_tiles, n_blocks, rows = tiles.shape[0], tiles.shape[1], tiles.shape[2]
-    k, out = xq.shape[0], y.shape[1]
+    k, n_in = x.shape
+    xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+    _quantize(x, xq, dx, xs)
+    y = np.empty((k, out), F32)
     many = ROWS[kind]
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
@@ -378,6 +382,7 @@ def _times(kind, tiles, units, unit_in, xq, dx, xs, y):
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
                 y[n, TILE * t + j] = acc[n, j]
+    return y
 
 
 @njit(**JIT)
@@ -417,12 +422,10 @@ def quantize_activations(x: np.ndarray):
 
 
 def times_int8(m, x: np.ndarray) -> np.ndarray:
-    """x (N, in) float32 @ m.T with x rounded to int8 per block of 32 (m a StoredMatrix of TYPES)."""
-    xq, dx, xs = quantize_compiled(x)
-    y = np.empty((len(x), m.shape[0]), np.float32)
+    """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
+    32 (m a StoredMatrix of TYPES)."""
     unit = UNIT.get(m.type, m.unit)
-    _times(KINDS[m.type], m.tiles, m.groups * GROUP // unit, unit, xq, dx, xs, y)
-    return y
+    return _times(KINDS[m.type], m.tiles, m.groups * GROUP // unit, unit, x, m.shape[0])
 
 
 def quantize_compiled(x: np.ndarray):

@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import functools
 import os
-from contextlib import contextmanager
+import threading
+from contextlib import contextmanager, nullcontext
 
 # OpenMP's idle threads spin 300,000 rounds after a kernel by default, long enough to slow an OpenBLAS
 # product that follows by ~40 % (they hold the core it wants); 10,000 rounds still catch the next
@@ -594,11 +595,12 @@ def _prefetch_ahead(tiles, t, b, u, units, rows):
 
 
 @njit(parallel=True, **JIT)
-def times(kind, tiles, units, unit_in, x, y):
+def times(kind, tiles, units, unit_in, x, out):
     """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
-    blocks hold `units` units of `unit_in` inputs. y may be narrower than T·64 (the last tile's padding)."""
+    blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding)."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    k, out = x.shape[0], y.shape[1]
+    k = x.shape[0]
+    y = np.empty((k, out), F32)
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
         w = np.empty((64, TILE), F32)
@@ -615,6 +617,7 @@ def times(kind, tiles, units, unit_in, x, y):
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
                 y[n, TILE * t + j] = acc[n, j]
+    return y
 
 
 @njit(parallel=True, **JIT)
@@ -637,15 +640,31 @@ def dequantize(kind, tiles, units, unit_in, out_t):
                         out_t[i0 + i, TILE * t + j] = w[i, j]
 
 
-@contextmanager
+_mine = threading.local()   # .n: numba's thread count on this thread, as threads() last set it
+
+
 def threads(n: int | None):
-    """numba's parallel regions on this thread use n threads meanwhile (None: as many as it has)."""
-    if n is None:
-        yield
-        return
-    before = numba.get_num_threads()
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    """A context in which numba's parallel regions on this thread use n threads (None: as they do). Cheap
+    where n is the count already (a decode step inside parallel.blas_alone asks for 1 ~120 times: numba's
+    get and set took ~9 us a product, as long as a small matrix's product)."""
+    if n is None or min(n, numba.config.NUMBA_NUM_THREADS) == _count():
+        return nullcontext()
+    return _threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def _count() -> int:
+    if getattr(_mine, "n", None) is None:
+        _mine.n = numba.get_num_threads()
+    return _mine.n
+
+
+@contextmanager
+def _threads(n: int):
+    before = _count()
+    numba.set_num_threads(n)
+    _mine.n = n
     try:
         yield
     finally:
         numba.set_num_threads(before)
+        _mine.n = before

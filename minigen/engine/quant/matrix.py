@@ -185,17 +185,12 @@ class StoredMatrix:
         """x (N, in) float32 -> (N, out) = x @ self.dequantize().T; the kernel on `threads` of numba's
         threads (None: all)."""
         if HAVE_KERNELS and len(x) < BLAS_ROWS:
-            return self.times_int8(x, threads) if self.int8 else self.times_kernel(x, threads)
+            return self.times_int8(x, threads) if self.int8 else self._kernel(x, threads, False)
         return self.times_blas(x)
 
     def times_kernel(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """The numba kernel, whatever N (tests and benchmarks call it directly)."""
-        x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
-        y = np.empty((len(x), self.shape[0]), np.float32)
-        kernels = _compiled()[0]
-        with kernels.threads(threads):
-            kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, y)
-        return y
+        return self._kernel(x, threads, False)
 
     def times_int8(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
@@ -205,9 +200,19 @@ class StoredMatrix:
         if not HAVE_KERNELS or self.type not in int8.TYPES:
             why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
             raise MinigenError(f"{self.name or 'a tensor'}: {self.type} cannot be multiplied with int8 activations ({why})")
+        return self._kernel(x, threads, True)
+
+    def _kernel(self, x: np.ndarray, threads: int | None, int8: bool) -> np.ndarray:
+        """The exact kernel or the int8 one (a model's types are checked at load). Lean: a decode step of a
+        small model makes ~120 of these calls, each of its products taking tens of microseconds."""
+        kernels, int8_kernels = _compiled()
         x = _padded_inputs(np.ascontiguousarray(x, dtype=np.float32), self.tiles.shape[1] * self.groups * GROUP)
-        with _compiled()[0].threads(threads):
-            return int8.times_int8(self, x)
+        if threads is not None:
+            with kernels.threads(threads):
+                return self._kernel(x, None, int8)
+        if int8:
+            return int8_kernels.times_int8(self, x)
+        return kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, self.shape[0])
 
     def times_blas(self, x: np.ndarray) -> np.ndarray:
         """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
@@ -351,7 +356,13 @@ def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([x, np.zeros((len(x), n - x.shape[1]), np.float32)], axis=1)
 
 
+_modules: tuple = ()
+
+
 def _compiled():
     """(kernels, int8): the numba modules, imported on first use (numba loads with them)."""
-    from . import int8, kernels
-    return kernels, int8
+    global _modules
+    if not _modules:
+        from . import int8, kernels
+        _modules = kernels, int8
+    return _modules
