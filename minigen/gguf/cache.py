@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -107,7 +108,7 @@ def gguf_files(source: Path, note: Note | None = None) -> tuple[Path, Plan]:
     key = hashlib.sha256(json.dumps({**identity, "files": FILES_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
     out = gguf_cache_dir() / f"{_slug(source.stem)}-{key}-files"
     if (out / "config.json").is_file() and (out / MARKER).is_file():
-        return out, read_plan(source, tokenizer=False)
+        return out, _plan(source, tuple(identity.items()))
     plan = read_plan(source)
     try:
         with atomic_dir(out) as tmp:
@@ -121,6 +122,13 @@ def gguf_files(source: Path, note: Note | None = None) -> tuple[Path, Plan]:
             raise
     _remove_stale(out, identity["path"], note or _silent, "files")   # (making them takes ~1 s: not announced)
     return out, plan
+
+
+@lru_cache(maxsize=4)
+def _plan(source: Path, identity: tuple) -> Plan:
+    """read_plan without tokenizer files, once per process for a file unchanged (`identity`): resolving a
+    --model and loading it each want it (Qwen2.5's header and vocabulary: ~1 s)."""
+    return read_plan(source, tokenizer=False)
 
 
 def _identity(source: Path) -> dict:
