@@ -123,8 +123,9 @@ def test_long_products_share_a_scratch_buffer_until_the_forward_ends(kernels, ma
 
 
 def test_a_decode_step_beside_busy_cores_keeps_the_kernels_to_one_thread(kernels, matrices):
-    """parallel.blas_alone (a decode step while other processes hold a core) sets numba's threads to one for
-    the whole step and gives them back after; asking again for one inside is free; the product is the same."""
+    """parallel.step_alone (a decode step while other processes hold a core) sets numba's threads to one for
+    the whole step and gives them back after; asking again for one inside is free; the product is the same.
+    blas_alone alone (a decode step's attention) leaves them."""
     import numba
     from minigen.engine import parallel
     from minigen.engine.quant import kernels as k
@@ -132,6 +133,8 @@ def test_a_decode_step_beside_busy_cores_keeps_the_kernels_to_one_thread(kernels
     x = np.random.default_rng(5).standard_normal((2, m.shape[1])).astype(np.float32)
     before = numba.get_num_threads()
     with parallel.blas_alone():
+        assert numba.get_num_threads() == before
+    with parallel.step_alone():
         assert numba.get_num_threads() == 1
         assert type(k.threads(1)).__name__ == "nullcontext"   # already one: no get/set per product
         y = m.times(x, 1)
@@ -241,23 +244,27 @@ def test_int8_compiled_rounding_equals_the_numpy_rule(kernels):
     assert np.array_equal(cs, q.reshape(3, -1, 16).sum(axis=2))
 
 
-def test_int8_sums_without_vnni_equal_the_numpy_twin(kernels, tmp_path):
-    """Where the CPU has no vpdpbusd the integer sums are plain IR (MINIGEN_VNNI=0 forces them here, in a
-    fresh interpreter with its own numba cache, as the cache knows the CPU but not that switch)."""
+def test_kernels_as_an_avx2_cpu_runs_them_equal_the_numpy_twin(kernels, tmp_path):
+    """Where the CPU has AVX2 and nothing newer the exact kernels work on 8 lanes and the int8 sums are plain
+    IR, no vpdpbusd (MINIGEN_AVX2=1 compiles them so here, in a fresh interpreter with its own numba cache,
+    as the cache knows the CPU but not that switch): both equal their NumPy twins."""
     import os
     import subprocess
     import sys
     code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_blocks import random_matrix\n"
-            "from minigen.engine.quant import int8, StoredMatrix\n"
-            "assert not int8.VNNI\n"
+            "from minigen.engine.quant import int8, kernels, StoredMatrix\n"
+            "assert not int8.VNNI and kernels.LANES == 8\n"
             "rng = np.random.default_rng(5)\n"
-            "for name in ('Q4_K', 'Q6_K', 'Q8_0', 'Q5_0'):\n"
+            "for name in ('Q4_K', 'Q6_K', 'Q8_0', 'Q5_0', 'Q3_K', 'IQ4_XS', 'BF16'):\n"
             "    m = StoredMatrix.from_bytes(random_matrix(name, 80, 512, rng), name, (80, 512))\n"
-            "    x = rng.standard_normal((3, 512)).astype(np.float32)\n"
-            "    scale = np.abs(x) @ np.abs(m.dequantize()).T\n"
-            "    assert (np.abs(m.times_int8(x) - int8.reference(m, x)) <= 1e-5 * scale).all(), name\n"
+            "    for x in (rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((3, 512)).astype(np.float32)):\n"
+            "        w = m.dequantize()\n"
+            "        scale = np.abs(x) @ np.abs(w).T\n"
+            "        assert (np.abs(m.times_kernel(x) - x @ w.T) <= 1e-5 * scale).all(), name\n"
+            "        if name in int8.TYPES:\n"
+            "            assert (np.abs(m.times_int8(x) - int8.reference(m, x)) <= 1e-5 * scale).all(), name\n"
             "print('ok')\n")
-    env = dict(os.environ, MINIGEN_VNNI="0", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+    env = dict(os.environ, MINIGEN_AVX2="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     assert run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -27,7 +27,7 @@ ROW_GROUP = 8
 # halve even small products (Intel Xeon here, one row, 1 / 2 threads: SmolLM2's 576 x 576 Q4_1 0.071 / 0.039
 # ms, 960 x 576 Q8_0 0.095 / 0.052); on a busy one waking numba's second thread cost more than it saved
 # (576 x 576: 0.08 against 0.55 ms), which parallel.alone() catches: a decode step beside other work runs
-# inside blas_alone (parallel.for_decode), and its kernels then keep to one thread.
+# inside parallel.step_alone (for_decode), and its kernels then keep to one thread.
 ALONE_BYTES = 64 << 10
 
 

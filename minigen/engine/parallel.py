@@ -143,7 +143,7 @@ def blas_alone():
         yield
         return
     put, get = _openblas() or (lambda n: None, lambda: None)
-    with _lock, _kernels_alone():
+    with _lock:
         before = get()
         put(1)
         _local.alone = True
@@ -154,11 +154,14 @@ def blas_alone():
             put(before)
 
 
-def _kernels_alone():
-    """minigen's numba kernels on this thread alone meanwhile, where they are loaded (numba is not imported
-    for them here): one setting for a whole decode step, not one per product (linear.py asks again)."""
+@contextmanager
+def step_alone():
+    """blas_alone, and minigen's numba kernels on this thread alone too where they are loaded (numba is not
+    imported for them here): a decode step beside busy cores, one setting for the whole step rather than one
+    per product (linear.py asks for one thread again, which is then free)."""
     kernels = sys.modules.get("minigen.engine.quant.kernels")
-    return kernels.threads(1) if kernels is not None else nullcontext()
+    with blas_alone(), (kernels.threads(1) if kernels is not None else nullcontext()):
+        yield
 
 
 def alone() -> bool:
@@ -168,13 +171,13 @@ def alone() -> bool:
 
 
 def for_decode(n_rows: int):
-    """A context for a forward pass of n_rows rows: `blas_alone()` for a decode step while other
+    """A context for a forward pass of n_rows rows: `step_alone()` for a decode step while other
     processes keep a core busy, else nothing. A decode step makes ~100 OpenBLAS calls (GEMVs, mostly),
     and each threaded one waits for OpenBLAS's helper thread, which is then often off its core.
     Measured on 2 cores, a decode step on OpenBLAS's two threads against one: beside another process
     using ~1.5 cores, Qwen3.5-0.8B 566 against 282 ms, LFM2-350M 335 against 121, SmolLM2-135M 380
     against 82; on the idle machine 189 against 273, 80 against 132, 53 against 78."""
-    return blas_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 and others_busy() else nullcontext()
+    return step_alone() if n_rows <= DECODE_ROWS and n_threads() > 1 and others_busy() else nullcontext()
 
 
 _others = {"at": 0.0, "busy": 0.0, "ours": 0.0, "verdict": False}   # the last measurement of others_busy()

@@ -23,7 +23,7 @@ stored, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums p
 dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under BLAS_ROWS rows); one row is a decode step. Without VNNI (vpdpbusd)
-the same sums are plain IR (widen, multiply, add 4 lanes), tested with MINIGEN_VNNI=0.
+the same sums are plain IR (widen, multiply, add 4 lanes), tested with MINIGEN_AVX2=1.
 
 Measured on the Intel Xeon here (AVX-512 VNNI, 2 threads; docs/weights-as-stored.md#the-int8-option):
 a decode step of Qwen2.5-Coder-1.5B Q4_K_M takes ~110-120 ms against ~230-260 exact; the products
@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
-from .kernels import GROUP, JIT, KINDS, TILE, F32, _prefetch_ahead, ir_half, ir_scales, ir_splat
+from .kernels import AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, _prefetch_ahead, ir_half, ir_scales, ir_splat
 from .formats import INT8_TYPES
 from .quantize import _round_half_away
 
@@ -50,12 +50,9 @@ FLOAT = ir.FloatType()
 LANES = 16
 # the integer dot product of 4 unsigned by 4 signed bytes per 32-bit lane in one instruction (vpdpbusd,
 # 256 bits: AVX512-VNNI with VL, or AVX-VNNI): Zen 4 and Intel's AVX-512 CPUs have it; elsewhere the
-# same sums in plain IR. numba's cache keys a compiled kernel by the CPU's name and features.
-_FEATURES = binding.get_host_cpu_features()
-VNNI512 = bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
-VNNI = VNNI512 or bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
-if os.environ.get("MINIGEN_VNNI", "1").strip() == "0":   # the plain-IR sums, to test them on a CPU with VNNI
-    VNNI = VNNI512 = False
+# same sums in plain IR (and with MINIGEN_AVX2=1, kernels.py).
+VNNI512 = bool(FEATURES.get("avx512vnni") and FEATURES.get("avx512bw")) and not AVX2_ONLY
+VNNI = VNNI512 or bool(FEATURES.get("avxvnni") or (FEATURES.get("avx512vnni") and FEATURES.get("avx512vl"))) and not AVX2_ONLY
 
 
 def _vec(t, n=LANES):

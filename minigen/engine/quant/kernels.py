@@ -10,7 +10,7 @@ the outputs innermost:
                          (R = 32, C = 64 · size: a row viewed as uint16 / float32 is the 64 outputs)
 
 so that byte r of 64 consecutive outputs is 64 contiguous bytes, a vector of 64 lanes. Every loop
-that touches weights is innermost over the tile's 64 outputs (8 AVX2 vectors, no horizontal sum: a
+that touches weights is innermost over the tile's 64 outputs (4 AVX-512 vectors or 8 AVX2, no horizontal sum: a
 loop per output row with a reduction over its inputs ran at 2-4 GB/s here, as LLVM may not reorder a
 float32 sum to vectorise it). The two nibbles of a byte are two inputs of one output, so both go to
 the same accumulator; a byte is loaded once for both.
@@ -33,15 +33,15 @@ rounding of a sum, not to its last digit.
 Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short
 function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
 int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
-(vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 8 registers for
-the whole unit.
+(vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 4 registers (8 with
+AVX2) for the whole unit.
 
 The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
 start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
 after a kernel, as OpenBLAS's do after a product: a decode step on stored matrices should keep
 OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not take each other's cores.
 
-Which loop is innermost, and why: the tile's outputs, as lanes of vectors (8 per AVX2 register); over
+Which loop is innermost, and why: the tile's outputs, as lanes of vectors (16 per AVX-512 register, 8 per AVX2); over
 them, a unit's inputs (the loop the IR writes), the accumulators staying in registers; over those,
 units, blocks, and tiles (the parallel loop). A byte is decoded once and its value multiplied by
 every row in registers; nothing is summed across lanes.
@@ -72,7 +72,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 import numba   # noqa: E402
 import numpy as np   # noqa: E402
 from . import formats   # noqa: E402
-from llvmlite import ir   # noqa: E402
+from llvmlite import binding, ir   # noqa: E402
 from numba import njit, prange, types   # noqa: E402
 from numba.core import cgutils   # noqa: E402
 from numba.core.compiler import CompilerBase, DefaultPassBuilder   # noqa: E402
@@ -121,15 +121,23 @@ JIT = dict(cache=True, fastmath=FAST, error_model="numpy", pipeline_class=_Compi
 
 
 # --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
-# A unit is emitted as a loop over its inputs, in passes of 32 outputs: 4 pieces of 8 outputs, one AVX2
-# vector each. Per input, each piece's bytes are loaded (8 at a time, zero-extended to 32 bits by
-# vpmovzxbd), turned into codes and values, and stored, or accumulated into two accumulators per piece
-# taken in turn (8 independent FMA chains hide an FMA's latency). A loop, not straight-line code: with
+# A unit is emitted as a loop over its inputs, in passes of PASS outputs: 4 pieces of LANES outputs, one
+# vector register each (16 floats with AVX-512, 8 with AVX2). Per input, each piece's bytes are loaded
+# (LANES at a time, zero-extended to 32 bits by vpmovzxbd), turned into codes and values, and stored, or
+# accumulated into two accumulators per piece taken in turn (8 independent FMA chains hide an FMA's latency). A loop, not straight-line code: with
 # 32 inputs unrolled LLVM scheduled every load first and spilled most of what it loaded.
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLOAT = ir.FloatType()
-LANES, PASS = 8, 32
+# MINIGEN_AVX2=1 compiles the kernels as for a CPU with AVX2 and nothing newer (8 lanes, no VNNI): the forms
+# such a CPU runs, tested on any. numba's cache keys a kernel by the CPU's name and features, not by this.
+FEATURES = binding.get_host_cpu_features()
+AVX2_ONLY = os.environ.get("MINIGEN_AVX2", "0").strip() == "1"
+# a piece is one vector register: 16 floats with AVX-512 (Zen 4, Intel's server CPUs), else 8 (AVX2). On the
+# Intel Xeon here 16 lanes took the one-row products of 8960 x 1536 on one thread from 1.7 to 1.2-1.6 ms
+# (Q4_0, Q4_K) and 4.5 to 2.5-3.4 ms (Q6_K), as the same instructions each do twice the work
+LANES = 16 if FEATURES.get("avx512f") and not AVX2_ONLY else 8
+PASS = 4 * LANES   # outputs per pass: 4 pieces, their 8 accumulators and scales in registers
 
 
 def _vec(t, n=LANES):
@@ -252,7 +260,7 @@ class _Unit:
         per_piece = [ir_scales(b, kind, lambda r, j=j: self.load(self.row_base(r, I8), j, I8), self.u) for j in pieces]
         self.scales = [[p[k] for p in per_piece] for k in range(4)]
         self.dot = dot
-        self.fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        self.fma = b.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
         if dot:   # acc[piece][turn], in allocas that LLVM keeps in registers
             self.acc = [[cgutils.alloca_once(b, _vec(FLOAT)) for _ in range(2)] for _ in pieces]
             for j, (a, c) in zip(pieces, self.acc):
@@ -281,7 +289,7 @@ class _Unit:
         return self.b.bitcast(self.b.gep(self.base, [self.mul(r, TILE * size)]), t.as_pointer())
 
     def row(self, r, t=I8):
-        """Row r of the block, one <8 x t> per piece (t: i8 for block types; i16 / float for F16, BF16, F32)."""
+        """Row r of the block, one <LANES x t> per piece (t: i8 for block types; i16 / float for F16, BF16, F32)."""
         base = self.row_base(r, t)
         return [self.load(base, j, t) for j in self.pieces]
 
@@ -289,21 +297,21 @@ class _Unit:
         return ir_splat(self.b, value, t)
 
     def bits(self, v, shift, mask):
-        """(v >> shift) & mask for a piece <8 x i8> (shift: a Python int or an IR i64), as <8 x i32>."""
+        """(v >> shift) & mask for a piece <LANES x i8> (shift: a Python int or an IR i64), as <LANES x i32>."""
         return ir_bits(self.b, v, shift, mask, I32)
 
     def fifth(self, code, high_bits):
-        """code | (high_bits << 4), <8 x i32>."""
+        """code | (high_bits << 4), <LANES x i32>."""
         return self.b.or_(code, self.b.shl(high_bits, _splat_const(I32, 4)))
 
     def float(self, code, offset=0):
-        """A code <8 x i32> minus offset, as float (exact: |code| < 2^24)."""
+        """A code <LANES x i32> minus offset, as float (exact: |code| < 2^24)."""
         if offset:
             code = self.b.sub(code, _splat_const(I32, offset))
         return self.b.sitofp(code, _vec(FLOAT))
 
     def put(self, l, ws, turn=0):
-        """Input l of the unit (an IR i64) has values ws (one <8 x float> per piece)."""
+        """Input l of the unit (an IR i64) has values ws (one <LANES x float> per piece)."""
         b = self.b
         if self.dot:
             x = self.splat(b.load(b.gep(self.x, [b.add(self.x0, l)])), FLOAT)
@@ -435,7 +443,7 @@ def _emit_k23(u: _Unit, l, third: bool):
 
 
 def _iq4_value(u: _Unit, code):
-    """formats.IQ4_VALUES[code] for codes <8 x i32> (0..15): a tree of 15 selects between the constants, one
+    """formats.IQ4_VALUES[code] for codes <LANES x i32> (0..15): a tree of 15 selects between the constants, one
     level per bit of the code (portable IR: no vector instruction looks up a table on every CPU)."""
     b = u.b
     level = [_splat_const(FLOAT, float(v)) for v in formats.IQ4_VALUES]
@@ -531,10 +539,9 @@ def _prefetch(typingctx, blk):
 @intrinsic
 def _accumulate(typingctx, acc, x, i0, w, n_in):
     """acc (k, 64) += x[:, i0:i0 + n_in] @ w[:n_in] (w: a unit's values, (inputs, 64)), as LLVM IR: two
-    rows at a time, 32 outputs at a time, their 8 accumulators in registers across the unit's inputs,
+    rows at a time, PASS outputs at a time, their 8 accumulators in registers across the unit's inputs,
     so that each value of w loaded from L1 serves two rows with no accumulator going through memory
-    (as numba's loop did, 3 loads and 2 stores per 8 FMAs); an odd last row over all 64 outputs (8
-    accumulators again)."""
+    (as numba's loop did, 3 loads and 2 stores per 8 FMAs); an odd last row over all 64 outputs."""
     def codegen(context, builder, sig, args):
         b = builder
         arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
@@ -542,7 +549,7 @@ def _accumulate(typingctx, acc, x, i0, w, n_in):
         k = cgutils.unpack_tuple(b, acc_a.shape, 2)[0]
         x_row = cgutils.unpack_tuple(b, x_a.shape, 2)[1]
         acc_p, x_p, w_p = (b.bitcast(a.data, FLOAT.as_pointer()) for a in (acc_a, x_a, w_a))
-        fma = b.module.declare_intrinsic("llvm.fma.v8f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
+        fma = b.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
         i64 = lambda v: ir.Constant(I64, v)
 
         def vec_at(ptr, at):
@@ -645,7 +652,7 @@ _mine = threading.local()   # .n: numba's thread count on this thread, as thread
 
 def threads(n: int | None):
     """A context in which numba's parallel regions on this thread use n threads (None: as they do). Cheap
-    where n is the count already (a decode step inside parallel.blas_alone asks for 1 ~120 times: numba's
+    where n is the count already (a decode step inside parallel.step_alone asks for 1 ~120 times: numba's
     get and set took ~9 us a product, as long as a small matrix's product)."""
     if n is None or min(n, numba.config.NUMBA_NUM_THREADS) == _count():
         return nullcontext()
