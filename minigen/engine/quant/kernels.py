@@ -18,23 +18,27 @@ the same accumulator; a byte is loaded once for both.
 A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
 their two nibbles). Per unit:
 - `ir_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py,
-  8 outputs to a vector (a scalar loop over the 64 outputs took as long as the unit's products: Q4_0's
-  one-row int8 kernel on 8960 x 1536, one thread, 1.76 ms with it, 0.52 without; the exact 4.1 / 2.0);
-- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64
-  accumulators, w computed from the bytes in registers and never stored;
+  a vector of outputs at a time (a scalar loop over the 64 outputs took as long as the unit's products:
+  Q4_0's one-row int8 kernel on 8960 x 1536, one thread, 1.76 ms with it, 0.52 without; the exact 4.1 / 2.0);
+- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64 outputs in
+  the factored form llama.cpp's integer sums take, s·sum(x·code) − o·sum(x) per group (`_Unit.put`):
+  the codes, made from the bytes in registers, are multiplied by x as they are, and each output's scale
+  and offset applied once a unit, one multiply-add a weight fewer (Q4_K 1.6-1.7 -> 1.2 ms on the shape
+  above);
 - for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and
   `_accumulate` adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded
   once serves both rows); so a weight is read from memory and decoded once whatever k is.
 Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
 see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulation is float32 FMAs in
-the order of the inputs, which is not OpenBLAS's order: results equal `x @ dequantize().T` to float32's
-rounding of a sum, not to its last digit.
+the order of the inputs (for one row, of x times the codes, then the scales), which is not OpenBLAS's
+order: results equal `x @ dequantize().T` to float32's rounding of a sum, not to its last digit. No
+activation is rounded (that is int8.py, an option).
 
 Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short
 function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
-int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32> (vpmovzxbd), then floats
-(vcvtdq2ps), scaled with one FMA and accumulated with another, the 64 accumulators in 4 registers (8 with
-AVX2) for the whole unit.
+int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32>
+(vpmovzxbd), then floats (vcvtdq2ps), accumulated with one FMA (stored: scaled with another), the 64
+accumulators in 4 registers (8 with AVX2) for the whole unit.
 
 The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
 start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
@@ -261,11 +265,11 @@ class _Unit:
         self.scales = [[p[k] for p in per_piece] for k in range(4)]
         self.dot = dot
         self.fma = b.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
-        if dot:   # acc[piece][turn], in allocas that LLVM keeps in registers
-            self.acc = [[cgutils.alloca_once(b, _vec(FLOAT)) for _ in range(2)] for _ in pieces]
-            for j, (a, c) in zip(pieces, self.acc):
-                b.store(self.load(self.out, j, FLOAT), a)
-                b.store(ir.Constant(_vec(FLOAT), [0.0] * LANES), c)
+        if dot:   # acc[piece][turn] (sums of x · code), xsum[turn] (of x), in allocas LLVM keeps in registers
+            self.acc = [[cgutils.alloca_once_value(b, ir.Constant(_vec(FLOAT), [0.0] * LANES)) for _ in range(2)]
+                        for _ in pieces]
+            self.xsum = [cgutils.alloca_once_value(b, ir.Constant(FLOAT, 0.0)) for _ in range(2)]
+            self.forms = {}   # turn -> (scale, offset) of its codes, as put() was given them
 
     def i64(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
@@ -304,30 +308,61 @@ class _Unit:
         """code | (high_bits << 4), <LANES x i32>."""
         return self.b.or_(code, self.b.shl(high_bits, _splat_const(I32, 4)))
 
-    def float(self, code, offset=0):
-        """A code <LANES x i32> minus offset, as float (exact: |code| < 2^24)."""
-        if offset:
-            code = self.b.sub(code, _splat_const(I32, offset))
+    def float(self, code):
+        """A code <LANES x i32> as float (exact: |code| < 2^24)."""
         return self.b.sitofp(code, _vec(FLOAT))
 
-    def put(self, l, ws, turn=0):
-        """Input l of the unit (an IR i64) has values ws (one <LANES x float> per piece)."""
+    def put(self, l, codes, turn=0, scale=None, offset=None, plus=False):
+        """Input l of the unit (an IR i64) has codes (one <LANES x float> per piece, exact integers or a table's
+        values) whose weights are w = scale·code (scale: one vector per piece; None: w = code), less `offset`:
+        per-piece vectors o (w = scale·code − o, one rounding: an FMA; plus: + o) or an int k (w = scale·(code − k),
+        exact). Scale and offset vectors are the unit's (made before its loop: finish() uses them after it).
+        Stored, w is computed so (formats.py's values, bit for bit). Multiplied (dot), the unit's sum is
+        factored as llama.cpp's integer sums are: x · code is added to the turn's accumulators and x to its
+        sum, and finish() applies the scale and offset once a unit, sum(x w) = scale·sum(x code) −
+        offset·sum(x) (one multiply-add a weight fewer; the same sum to float32's rounding). A turn's scale
+        and offset are the same for every input of a unit (each turn is one group, or half of one)."""
         b = self.b
         if self.dot:
-            x = self.splat(b.load(b.gep(self.x, [b.add(self.x0, l)])), FLOAT)
-            for w, acc in zip(ws, self.acc):
-                b.store(b.call(self.fma, [x, w, b.load(acc[turn])]), acc[turn])
-        else:
-            for j, w in zip(self.pieces, ws):
-                at = b.gep(self.out, [self.add(self.mul(l, TILE), j)])
-                b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
+            self.forms.setdefault(turn, (scale, offset, plus))
+            x1 = b.load(b.gep(self.x, [b.add(self.x0, l)]))
+            b.store(b.fadd(b.load(self.xsum[turn]), x1), self.xsum[turn])
+            x = self.splat(x1, FLOAT)
+            for c, acc in zip(codes, self.acc):
+                b.store(b.call(self.fma, [x, c, b.load(acc[turn])]), acc[turn])
+            return
+        for piece, (j, c) in enumerate(zip(self.pieces, codes)):
+            if scale is None:
+                w = c
+            elif offset is None:
+                w = b.fmul(scale[piece], c)
+            elif isinstance(offset, int):
+                w = b.fmul(scale[piece], b.fsub(c, _splat_const(FLOAT, float(offset))))
+            else:
+                w = b.call(self.fma, [scale[piece], c, offset[piece] if plus else b.fneg(offset[piece])])
+            at = b.gep(self.out, [self.add(self.mul(l, TILE), j)])
+            b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
 
     def finish(self):
-        if self.dot:
-            b = self.b
-            for j, (a, c) in zip(self.pieces, self.acc):
-                at = b.bitcast(b.gep(self.out, [ir.Constant(I64, j)]), _vec(FLOAT).as_pointer())
-                b.store(b.fadd(b.load(a), b.load(c)), at, align=4)
+        """out += each turn's sum(x w), from its accumulators (put's factored form)."""
+        if not self.dot:
+            return
+        b = self.b
+        for piece, (j, acc) in enumerate(zip(self.pieces, self.acc)):
+            at = b.bitcast(b.gep(self.out, [ir.Constant(I64, j)]), _vec(FLOAT).as_pointer())
+            total = b.load(at, align=4)
+            for turn, (scale, offset, plus) in sorted(self.forms.items()):
+                a, xs = b.load(acc[turn]), self.splat(b.load(self.xsum[turn]), FLOAT)
+                if scale is None:
+                    total = b.fadd(total, a)
+                    continue
+                if isinstance(offset, int):   # scale·(A − k·X)
+                    a = b.fsub(a, b.fmul(_splat_const(FLOAT, float(offset)), xs))
+                value = b.fmul(scale[piece], a)
+                if offset is not None and not isinstance(offset, int):   # scale·A ∓ o·X
+                    value = (b.fadd if plus else b.fsub)(value, b.fmul(offset[piece], xs))
+                total = b.fadd(total, value)
+            b.store(total, at, align=4)
 
 
 def _kernel(kind: str, emit, count: int, doc: str):
@@ -375,10 +410,7 @@ def _emit_legacy(u: _Unit, l, row_qh: int, row_qs: int, offset: int, has_m: bool
         hi = [u.fifth(c, u.bits(h, bit, 1)) for c, h in zip(hi, u.row(u.add(row_qh + 2, byte)))]
     d, m = u.scales[0], u.scales[1]
     for turn, (i, codes) in enumerate(((l, lo), (u.add(l, 16), hi))):
-        if has_m:
-            u.put(i, [b.call(u.fma, [dj, u.float(q), mj]) for dj, q, mj in zip(d, codes, m)], turn)
-        else:
-            u.put(i, [b.fmul(dj, u.float(q, offset)) for dj, q in zip(d, codes)], turn)
+        u.put(i, [u.float(q) for q in codes], turn, d, m if has_m else offset, plus=has_m)
 
 
 def _emit_q8(u: _Unit, l, row_qs: int):
@@ -386,7 +418,7 @@ def _emit_q8(u: _Unit, l, row_qs: int):
     b = u.b
     first = u.add(row_qs, u.mul(u.u, GROUP)) if row_qs == 4 else u.i64(row_qs)
     qs = u.row(b.add(first, l))
-    u.put(l, [b.fmul(d, b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT))) for d, v in zip(u.scales[0], qs)])
+    u.put(l, [b.sitofp(b.sext(v, _vec(I32)), _vec(FLOAT)) for v in qs], 0, u.scales[0])
 
 
 def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
@@ -402,7 +434,7 @@ def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
         lo = [u.fifth(c, u.bits(h, g, 1)) for c, h in zip(lo, qh)]
         hi = [u.fifth(c, u.bits(h, b.add(g, u.i64(1)), 1)) for c, h in zip(hi, qh)]
     for turn, (i, codes, s, o) in enumerate(((l, lo, 0, 1), (u.add(l, 32), hi, 2, 3))):
-        u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(u.scales[s], codes, u.scales[o])], turn)
+        u.put(i, [u.float(q) for q in codes], turn, u.scales[s], u.scales[o])
 
 
 def _emit_q6(u: _Unit, l, half: int):
@@ -414,8 +446,7 @@ def _emit_q6(u: _Unit, l, half: int):
     i = u.add(l, 16 * half)
     low = [u.bits(v, u.mul(b.lshr(r, u.i64(1)), 4), 15) for v in u.row(u.add(u.mul(h, 64), u.mul(b.and_(r, u.i64(1)), 32), i))]
     high = [u.bits(v, u.mul(r, 2), 3) for v in u.row(u.add(u.mul(h, 32), 128, i))]
-    scale = u.scales[2 * half]
-    u.put(i, [b.fmul(s, u.float(u.fifth(lo, hi), 32)) for s, lo, hi in zip(scale, low, high)], half)
+    u.put(i, [u.float(u.fifth(lo, hi)) for lo, hi in zip(low, high)], half, u.scales[2 * half], 32)
 
 
 def _emit_q6_both(u: _Unit, l):
@@ -433,13 +464,9 @@ def _emit_k23(u: _Unit, l, third: bool):
     for p in (0, 1):
         i = u.add(l, 16 * p)
         codes = [u.bits(v, u.mul(f, 2), 3) for v in u.row(u.add(32 if third else 16, u.mul(h, 32), i))]
-        s = u.scales[2 * p]
         if third:
             codes = [b.or_(c, b.shl(u.bits(v, u.u, 1), _splat_const(I32, 2))) for c, v in zip(codes, u.row(i))]
-            u.put(i, [b.fmul(sj, u.float(q, 4)) for sj, q in zip(s, codes)], p)
-        else:
-            o = u.scales[2 * p + 1]
-            u.put(i, [b.call(u.fma, [sj, u.float(q), b.fneg(oj)]) for sj, q, oj in zip(s, codes, o)], p)
+        u.put(i, [u.float(q) for q in codes], p, u.scales[2 * p], 4 if third else u.scales[2 * p + 1])
 
 
 def _iq4_value(u: _Unit, code):
@@ -459,7 +486,7 @@ def _emit_iq4(u: _Unit, l, xs: bool):
     b = u.b
     qs = u.row(u.add(u.mul(u.u, 16), 8, l) if xs else u.add(2, l))
     for turn, (i, shift) in enumerate(((l, 0), (u.add(l, 16), 4))):
-        u.put(i, [b.fmul(d, _iq4_value(u, u.bits(v, shift, 15))) for d, v in zip(u.scales[0], qs)], turn)
+        u.put(i, [_iq4_value(u, u.bits(v, shift, 15)) for v in qs], turn, u.scales[0])
 
 
 _f32 = _kernel("F32", lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
