@@ -65,7 +65,10 @@ def prompt_ids(model_dir: Path, n: int) -> list[int]:
     """n ids of plain English, the same for every engine (tokenizer.json through `tokenizers`)."""
     from tokenizers import Tokenizer
 
-    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TEXT * (n // 20 + 1)).ids
+    from minigen.resolve import resolve
+
+    files = Path(model_dir) if Path(model_dir).is_dir() else resolve(str(model_dir)).path   # a GGUF's files
+    ids = Tokenizer.from_file(str(files / "tokenizer.json")).encode(TEXT * (n // 20 + 1)).ids
     if len(ids) < n:
         sys.exit(f"bench: the prompt text gives only {len(ids)} tokens, fewer than {n}")
     return ids[:n]
