@@ -411,7 +411,8 @@ def section_spec(args, hf: bool):
         print("\n| k new tokens | " + " | ".join(map(str, FORWARD_KS)) + " |\n|---|" + "---|" * len(FORWARD_KS))
         print("| forward ms | " + " | ".join(f"{1000 * fk[str(k)]:.1f}" for k in FORWARD_KS) + " |")
         print("| forward(k) / forward(1) | " + " | ".join(f"{fk[str(k)] / fk['1']:.2f}" for k in FORWARD_KS) + " |")
-        print(f"\n{Path(args.model).name} float32 after a 150-token prompt, medians of {max(args.rounds, 3) * 3} rounds; "
+        print(f"\n{Path(args.model).name} (weights as minigen loads it) after a 150-token prompt, medians of "
+              f"{max(args.rounds, 3) * 3} rounds; "
               f"{args.threads} threads")
     mg = run_worker("lookup", sys.executable, args)
     tf = run_worker("lookup-hf", args.hf_python, args) if hf else None
