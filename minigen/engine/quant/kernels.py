@@ -127,9 +127,10 @@ JIT = dict(cache=True, fastmath=FAST, error_model="numpy", pipeline_class=_Compi
 # --- LLVM IR: one unit's values, stored or accumulated ------------------------------------------------------
 # A unit is emitted as a loop over its inputs, in passes of PASS outputs: 4 pieces of LANES outputs, one
 # vector register each (16 floats with AVX-512, 8 with AVX2). Per input, each piece's bytes are loaded
-# (LANES at a time, zero-extended to 32 bits by vpmovzxbd), turned into codes and values, and stored, or
-# accumulated into two accumulators per piece taken in turn (8 independent FMA chains hide an FMA's latency). A loop, not straight-line code: with
-# 32 inputs unrolled LLVM scheduled every load first and spilled most of what it loaded.
+# (LANES at a time, zero-extended to 32 bits by vpmovzxbd), turned into codes, and their values stored, or
+# the codes accumulated into two accumulators per piece taken in turn (8 independent FMA chains hide an
+# FMA's latency). A loop, not straight-line code: with 32 inputs unrolled LLVM scheduled every load first
+# and spilled most of what it loaded.
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLOAT = ir.FloatType()
@@ -269,7 +270,7 @@ class _Unit:
             self.acc = [[cgutils.alloca_once_value(b, ir.Constant(_vec(FLOAT), [0.0] * LANES)) for _ in range(2)]
                         for _ in pieces]
             self.xsum = [cgutils.alloca_once_value(b, ir.Constant(FLOAT, 0.0)) for _ in range(2)]
-            self.forms = {}   # turn -> (scale, offset) of its codes, as put() was given them
+            self.forms = {}   # turn -> (scale, offset, plus) of its codes, as put() was given them
 
     def i64(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
@@ -367,7 +368,7 @@ class _Unit:
 
 def _kernel(kind: str, emit, count: int, doc: str):
     """The intrinsic of one type, signature (dot, blk, u, x, x0, out) with `dot` a literal bool (store the
-    unit's values into out, or accumulate x · them into it): for each pass of 32 outputs, their scales
+    unit's values into out, or accumulate x · them into it): for each pass of PASS outputs, their scales
     (ir_scales), then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64)."""
     @intrinsic
     def fn(typingctx, dot, blk, u, x, x0, out):
