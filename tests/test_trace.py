@@ -57,7 +57,7 @@ def test_trace_equals_the_models_head_output(name):
     for layer, head in [(0, 0), (c.n_layers - 1, c.n_heads - 1)]:
         steps, own = trace_head(model, ids, layer, head)
         np.testing.assert_allclose(steps.out, own["out"], atol=1e-5)
-        np.testing.assert_allclose(steps.weights, own["weights"], atol=1e-6)
+        np.testing.assert_allclose(steps.weights, own["weights"], atol=1e-5)
         assert own["block_err"] < 1e-5                   # those heads are the model's attention block
         np.testing.assert_allclose(steps.weights, load_reference(name)["attentions"][layer, head], atol=1e-5)
 
