@@ -97,13 +97,13 @@ def dequantize_q8_k(b):
     return dequantize_f32(b[:, 0:4]) * b[:, 4:260].view(np.int8).astype(np.float32)
 
 
-def scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale_min_k4(scales: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """(n, 12) packed 6-bit sub-scales of Q4_K / Q5_K -> sc, m (n, 8), ggml's get_scale_min_k4: sub-block
     j < 4 keeps its 6 bits in bytes j and j + 4; j >= 4 keeps 4 bits in byte j + 4 and 2 in the top of
-    bytes j − 4 and j."""
-    a, b, c = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
-    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
-    m = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    bytes j − 4 and j. The 12 bytes may lie along another axis (the kernels' tiles: axis 2)."""
+    a, b, c = np.split(scales, 3, axis=axis)
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=axis)
+    m = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=axis)
     return sc, m
 
 

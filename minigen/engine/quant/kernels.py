@@ -5,7 +5,8 @@ The layout (made once at load, matrix.py): tiles of TILE = 64 outputs, each the 
 the outputs innermost:
 
     tiles[t, b, r, j]    (T, n_blocks, R, C) uint8
-    block types (Q4_0 ... Q8_K): byte r of block b of output 64t + j   (R = the type's bytes per block, C = 64)
+    block types (Q4_0 ... Q8_K): byte r of block b of output 64t + j   (R = the type's bytes per block, C = 64;
+                         Q4_K, Q5_K: 4 more, their 12 bytes of 6-bit sc, m unpacked to sc[8], m[8] at 4..19)
     F16, BF16, F32:      input 32b + r of output 64t + j, its 2 or 4 bytes little-endian at j·size ...
                          (R = 32, C = 64 · size: a row viewed as uint16 / float32 is the 64 outputs)
 
@@ -174,26 +175,6 @@ def ir_half(b, lo, hi):
     return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), n)), ir.VectorType(FLOAT, n))
 
 
-def _k4_scales(b, row, g):
-    """(s, o) = (d·sc, dmin·m) of group g (an IR i64) of a Q4_K / Q5_K block, from its byte rows
-    (row(r) -> <n x i8>): get_scale_min_k4 on vectors, both of its forms computed and one selected."""
-    n = row(0).type.count
-    c = lambda v: ir.Constant(ir.VectorType(I8, n), [v] * n)
-    i64 = lambda v: ir.Constant(I64, v)
-    small = b.icmp_signed("<", g, i64(4))
-    # the 12 scale bytes are block rows 4..15; group g reads rows 4 + g, 8 + g (g < 4) or 8 + g, g, 4 + g
-    a = row(b.add(g, i64(4)))     # g < 4: sc's 6 bits; g >= 4: m's top 2 bits (>> 6)
-    m_lo = row(b.add(g, i64(8)))  # g < 4: m's 6 bits; g >= 4: sc's low 4 bits and m's low 4 bits
-    top = row(g)                  # g >= 4: sc's top 2 bits (>> 6)
-    sc_small, m_small = b.and_(a, c(63)), b.and_(m_lo, c(63))
-    sc_big = b.or_(b.and_(m_lo, c(15)), b.shl(b.lshr(top, c(6)), c(4)))
-    m_big = b.or_(b.lshr(m_lo, c(4)), b.shl(b.lshr(a, c(6)), c(4)))
-    to_float = lambda v: b.uitofp(v, ir.VectorType(FLOAT, n))
-    sc = to_float(b.select(small, sc_small, sc_big))
-    m = to_float(b.select(small, m_small, m_big))
-    return b.fmul(ir_half(b, row(0), row(1)), sc), b.fmul(ir_half(b, row(2), row(3)), m)
-
-
 def ir_scales(b, kind: str, row, u) -> list:
     """[s, o, s2, o2]: each output's scale and offset for unit u (an IR i64) of a block of type `kind`, s, o
     for its first group (Q4_K, Q5_K: the low nibbles; Q6_K, Q2_K, Q3_K: inputs 0..15 of the group), s2, o2 for
@@ -212,9 +193,10 @@ def ir_scales(b, kind: str, row, u) -> list:
         return [half(0), None, None, None]
     if kind in ("Q4_1", "Q5_1"):                                                     # d, m
         return [half(0), half(2), None, None]
-    if kind in ("Q4_K", "Q5_K"):                                                     # groups 2u, 2u + 1
+    if kind in ("Q4_K", "Q5_K"):   # groups 2u, 2u + 1: d·sc, dmin·m, sc and m unpacked at load (rows 4 + g, 12 + g)
         g = b.mul(u, i64(2))
-        return [*_k4_scales(b, row, g), *_k4_scales(b, row, b.add(g, i64(1)))]
+        d, dmin = half(0), half(2)
+        return [v for k in (0, 1) for v in (b.fmul(d, unsigned(row(add(g, 4 + k)))), b.fmul(dmin, unsigned(row(add(g, 12 + k)))))]
     if kind == "Q6_K":       # group u = quarter r of half h: d times the int8 scales of its two halves of 16
         at = add(192, b.mul(b.lshr(u, i64(2)), i64(8)), b.mul(b.and_(u, i64(3)), i64(2)))
         d = half(208)
@@ -424,13 +406,14 @@ def _emit_q8(u: _Unit, l, row_qs: int):
 
 def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
     """Q4_K, Q5_K, unit c = groups 2c, 2c + 1: qs byte row_qs + 32c + l holds input l of group 2c (low
-    nibble) and of 2c + 1 (high); Q5_K's qh byte 16 + l, bit g: the fifth bit of input l of group g.
+    nibble) and of 2c + 1 (high); Q5_K's qh byte 20 + l, bit g: the fifth bit of input l of group g (the
+    tiles' rows: the file's, 4 on from byte 16, where sc[8] and m[8] are unpacked; matrix.UNPACKED_SCALES).
     w = (d·sc)·q − dmin·m, i.e. fma(s, q, −o) (s·q is exact, so fused or not it rounds once)."""
     b = u.b
     qs = u.row(u.add(u.mul(u.u, 32), row_qs, l))
     lo, hi = [u.bits(v, 0, 15) for v in qs], [u.bits(v, 4, 15) for v in qs]
     if fifth:
-        qh = u.row(u.add(16, l))
+        qh = u.row(u.add(20, l))
         g = u.mul(u.u, 2)
         lo = [u.fifth(c, u.bits(h, g, 1)) for c, h in zip(lo, qh)]
         hi = [u.fifth(c, u.bits(h, b.add(g, u.i64(1)), 1)) for c, h in zip(hi, qh)]
@@ -498,8 +481,8 @@ _q4_1 = _kernel("Q4_1", lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_
 _q5_0 = _kernel("Q5_0", lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
 _q5_1 = _kernel("Q5_1", lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
 _q8_0 = _kernel("Q8_0", lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
-_q4_k = _kernel("Q4_K", lambda u, l: _emit_k45(u, l, 16, False), GROUP, "Q4_K: d, dmin, scales[12], qs[128]")
-_q5_k = _kernel("Q5_K", lambda u, l: _emit_k45(u, l, 48, True), GROUP, "Q5_K: d, dmin, scales[12], qh[32], qs[128]")
+_q4_k = _kernel("Q4_K", lambda u, l: _emit_k45(u, l, 20, False), GROUP, "Q4_K: d, dmin, sc[8], m[8], qs[128]")
+_q5_k = _kernel("Q5_K", lambda u, l: _emit_k45(u, l, 52, True), GROUP, "Q5_K: d, dmin, sc[8], m[8], qh[32], qs[128]")
 _q6_k = _kernel("Q6_K", _emit_q6_both, 16, "Q6_K: ql[128], qh[64], scales[16], d")
 _q8_k = _kernel("Q8_K", lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
 _q2_k = _kernel("Q2_K", lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")

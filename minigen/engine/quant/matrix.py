@@ -28,9 +28,9 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import MinigenError
-from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES
+from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, scale_min_k4
 from .formats import dequantize as dequantize_rows
-from .quantize import QUANTIZERS, quantize_rows
+from .quantize import QUANTIZERS, _pack_scale_min_k4, quantize_rows
 
 # numba is optional: without it the NumPy path below computes the same products. It is imported with the
 # kernels on the first stored product (`_compiled`), not with this module: a float32 model never pays its
@@ -48,6 +48,11 @@ BLAS_ROWS = 256
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+# Q4_K and Q5_K blocks pack 8 pairs of 6-bit (sc, m) into 12 bytes (bytes 4..15); the tiles hold them
+# unpacked instead, sc[8] then m[8] as bytes (rows 4..19, the rest 4 rows on), so that a kernel reads a
+# group's sc and m with one load each: unpacking them per product was a third to a half of a one-row Q4_K
+# product (docs/weights-as-stored.md, 2026-12-03). 4 bytes more per 144 (Q4_K) or 176 (Q5_K).
+UNPACKED_SCALES = {"Q4_K", "Q5_K"}
 RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
 
 
@@ -86,7 +91,7 @@ class StoredMatrix:
             raise MinigenError(f"{name or 'a tensor'}: {np.asarray(raw).size} bytes do not hold a {type} "
                                f"matrix of shape ({out}, {n_in}) (rows of {n_in} must be whole blocks of {f.block})")
         raw = np.asarray(raw, dtype=np.uint8).reshape(out, -1)
-        tiles = _tile_floats(raw, type, n_in) if type in FLOATS else _tile_blocks(raw, f.nbytes)
+        tiles = _tile_floats(raw, type, n_in) if type in FLOATS else _tile_blocks(raw, f.nbytes, type in UNPACKED_SCALES)
         return cls(type, (out, n_in), tiles, name)
 
     @classmethod
@@ -158,8 +163,9 @@ class StoredMatrix:
             v = part.view(FLOATS[self.type])                   # (t, n_blocks, 32, 64)
             v = v.transpose(0, 3, 1, 2).reshape((t1 - t0) * TILE, -1)[:, :n_in]
             return np.ascontiguousarray(v[lo - TILE * t0:hi - TILE * t0]).view(np.uint8).reshape(hi - lo, n_in * size)
-        rows_ = part.transpose(0, 3, 1, 2).reshape((t1 - t0) * TILE, -1)   # (t·64, n_blocks·R)
-        return np.ascontiguousarray(rows_[lo - TILE * t0:hi - TILE * t0])
+        rows_ = part.transpose(0, 3, 1, 2).reshape((t1 - t0) * TILE, *part.shape[1:3])   # (t·64, n_blocks, R)
+        rows_ = rows_[lo - TILE * t0:hi - TILE * t0]
+        return _file_blocks(rows_, self.type).reshape(hi - lo, -1)
 
     def dequantize(self, rows: slice = slice(None)) -> np.ndarray:
         """The float32 values (out, in) (or of a slice of the outputs), by formats.py's NumPy functions."""
@@ -176,7 +182,7 @@ class StoredMatrix:
             v = self.tiles.view(FLOATS[self.type])[t, :, :, j]           # (n, n_blocks, 32)
             raw = np.ascontiguousarray(v.reshape(len(ids), -1)[:, :self.shape[1]]).view(np.uint8)
         else:
-            raw = np.ascontiguousarray(self.tiles[t, :, :, j]).reshape(len(ids), -1)   # (n, n_blocks·R)
+            raw = _file_blocks(self.tiles[t, :, :, j], self.type).reshape(len(ids), -1)   # (n, n_blocks·nbytes)
         return dequantize_rows(raw, f.name)
 
     # --- the product ---------------------------------------------------------------------------------------
@@ -308,14 +314,30 @@ def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:
     return list(matrices)
 
 
-def _tile_blocks(raw: np.ndarray, nbytes: int) -> np.ndarray:
-    """(out, n_blocks·nbytes) -> (T, n_blocks, nbytes, 64): outputs padded with zero blocks (value 0)."""
+def _tile_blocks(raw: np.ndarray, nbytes: int, unpack_scales: bool = False) -> np.ndarray:
+    """(out, n_blocks·nbytes) -> (T, n_blocks, R, 64): outputs padded with zero blocks (value 0); R = nbytes,
+    or nbytes + 4 with `unpack_scales` (UNPACKED_SCALES: rows 4..15 become sc[8], m[8])."""
     out = len(raw)
     T = -(-out // TILE)
     blocks = raw.reshape(out, -1, nbytes)
     if T * TILE != out:
         blocks = np.concatenate([blocks, np.zeros((T * TILE - out, *blocks.shape[1:]), np.uint8)])
-    return np.ascontiguousarray(blocks.reshape(T, TILE, -1, nbytes).transpose(0, 2, 3, 1))
+    by_tile = blocks.reshape(T, TILE, -1, nbytes).transpose(0, 2, 3, 1)        # (T, n_blocks, nbytes, 64), a view
+    if not unpack_scales:
+        return np.ascontiguousarray(by_tile)
+    tiles = np.empty((T, blocks.shape[1], nbytes + 4, TILE), np.uint8)
+    tiles[:, :, :4], tiles[:, :, 20:] = by_tile[:, :, :4], by_tile[:, :, 16:]
+    tiles[:, :, 4:12], tiles[:, :, 12:20] = scale_min_k4(np.ascontiguousarray(by_tile[:, :, 4:16]), axis=2)
+    return tiles
+
+
+def _file_blocks(blocks: np.ndarray, type: str) -> np.ndarray:
+    """Tile blocks (..., R) uint8 -> the file's bytes (..., nbytes), contiguous: repacks UNPACKED_SCALES."""
+    if type not in UNPACKED_SCALES:
+        return np.ascontiguousarray(blocks)
+    lead = blocks.shape[:-1]
+    packed = _pack_scale_min_k4(blocks[..., 4:12].reshape(-1, 8), blocks[..., 12:20].reshape(-1, 8))
+    return np.concatenate([blocks[..., :4], packed.reshape(*lead, 12), blocks[..., 20:]], axis=-1)
 
 
 def _tile_floats(raw: np.ndarray, type: str, n_in: int) -> np.ndarray:
