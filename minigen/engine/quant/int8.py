@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
-from .kernels import AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, _prefetch_ahead, ir_half, ir_scales, ir_splat
+from .kernels import AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, ir_half, ir_prefetch_share, ir_scales, ir_splat
 from .formats import INT8_TYPES
 from .quantize import _round_half_away
 
@@ -73,6 +73,7 @@ class _Pass:
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
+        self.kind = kind
         self.u, self.j0, self.nrows = args[1], j0, nrows
         self.xq, self.xq_row = b.bitcast(arr(2).data, I8.as_pointer()), width(2)
         self.n0, self.x0 = args[3], args[4]
@@ -145,9 +146,11 @@ class _Pass:
                 for k, (codes, i) in enumerate(streams(step.index)):
                     for r in rows:
                         b.store(b.call(fn, [b.load(acc[r][k]), b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES)]), acc[r][k])
+                self.prefetch(step.index, count)
             return [[b.sitofp(b.load(a), _vec(FLOAT)) for a in row] for row in acc]
         acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in rows]
         with cgutils.for_range(b, self.i64(count)) as step:
+            self.prefetch(step.index, count)
             for k, (codes, i) in enumerate(streams(step.index)):
                 parts = [b.bitcast(b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))),
                                    _vec(I32, 8)) for h in range(2)]
@@ -158,6 +161,13 @@ class _Pass:
                         b.store(_dot4(b, b.load(a), parts[half], x), a)
         mask = ir.Constant(_vec(I32, 16), list(range(16)))
         return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
+
+    def prefetch(self, step, count: int):
+        """Step `step` of this pass's `count`: its part of the unit's share of the block ahead, the share spread
+        over the unit's passes (kernels.ir_prefetch_share)."""
+        passes = TILE // LANES
+        at = self.b.add(step, self.i64(count * (self.j0 // LANES)))
+        ir_prefetch_share(self.b, self.base, self.kind, self.u, at, count * passes)
 
     def add_to_outputs(self, r, value):
         """acc[n0 + r, j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a
@@ -329,7 +339,6 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
 EMIT = {8: _emit_k4, 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
         4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
         6: lambda p: _emit_legacy(p, 4, 8, 0, True)}   # by KINDS' number
-UNIT = {"Q6_K": 128}   # inputs per unit where not kernels.py's (a Q6_K half block: its bytes hold 4 quarters)
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
@@ -361,7 +370,7 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
 def _times(kind, tiles, units, unit_in, x, out):
     """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
     float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
-    n_tiles, n_blocks, rows = tiles.shape[0], tiles.shape[1], tiles.shape[2]
+    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     k, n_in = x.shape
     xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
     _quantize(x, xq, dx, xs)
@@ -371,7 +380,6 @@ def _times(kind, tiles, units, unit_in, x, out):
         acc = np.zeros((k, TILE), F32)
         for b in range(n_blocks):
             for u in range(units):
-                _prefetch_ahead(tiles, t, b, u, units, rows)
                 i0 = unit_in * (units * b + u)
                 for n0 in range(0, k - k % many, many):
                     _unit(kind, True, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
@@ -422,8 +430,7 @@ def quantize_activations(x: np.ndarray):
 def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
     32 (m a StoredMatrix of TYPES)."""
-    unit = UNIT.get(m.type, m.unit)
-    return _times(KINDS[m.type], m.tiles, m.groups * GROUP // unit, unit, x, m.shape[0])
+    return _times(KINDS[m.type], m.tiles, m.groups * GROUP // m.unit, m.unit, x, m.shape[0])
 
 
 def quantize_compiled(x: np.ndarray):

@@ -144,8 +144,8 @@ class StoredMatrix:
 
     @property
     def unit(self) -> int:
-        """Inputs the kernels decode at a time (kernels.UNIT: 64 for Q4_K and Q5_K, else 32)."""
-        return 64 if self.type in ("Q4_K", "Q5_K") else GROUP
+        """Inputs the kernels decode at a time (kernels.UNIT: 64 for Q4_K and Q5_K, 128 for Q6_K, else 32)."""
+        return {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}.get(self.type, GROUP)
 
     def __repr__(self) -> str:
         return f"StoredMatrix({self.name!r}, {self.type}, {self.shape})"
