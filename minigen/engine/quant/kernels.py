@@ -17,7 +17,7 @@ float32 sum to vectorise it). The two nibbles of a byte are two inputs of one ou
 the same accumulator; a byte is loaded once for both.
 
 A tile is walked in units of 32 inputs (64 for Q4_K and Q5_K, whose bytes hold two groups of 32 in
-their two nibbles). Per unit:
+their two nibbles; 128 for Q6_K, a half block, whose three byte rows hold an input of each quarter). Per unit:
 - `ir_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py,
   a vector of outputs at a time (a scalar loop over the 64 outputs took as long as the unit's products:
   Q4_0's one-row int8 kernel on 8960 x 1536, one thread, 1.76 ms with it, 0.52 without; the exact 4.1 / 2.0);
