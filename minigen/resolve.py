@@ -36,7 +36,7 @@ from .files import read_json_object, what_is_at
 from .gguf.cache import Note, gguf_files
 from .gguf.convert import Progress
 from .gguf.direct import gguf_params
-from .gguf.default_model import default_model_path
+from .gguf.default_model import PACKAGE, default_gguf
 from .text.tokenizer import Tokenizer
 
 # what minigen reads from a hub repository (model-*.safetensors: shards; not consolidated.safetensors duplicates)
@@ -136,8 +136,9 @@ def resolve(spec: str | Path | None, note: Note | None = None, progress: Progres
     Progress); without them nothing is said (the CLI gives both)."""
     note = note or (lambda message: None)
     if spec is None:
-        path = default_model_path(note, progress)
-        return Resolved(path, "default", f"the default model, {path}")
+        source = default_gguf()
+        files, _ = gguf_files(source, note)
+        return Resolved(files, "default", f"the default model, {source.name} from {PACKAGE}, run as stored", source)
     path = Path(spec)
     if path.is_dir():
         if path.suffix.lower() == ".gguf" and not os.path.lexists(path / "config.json"):

