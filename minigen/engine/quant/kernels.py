@@ -277,6 +277,8 @@ class _Unit:
         self.x = b.bitcast(arr(2).data, FLOAT.as_pointer())
         self.x0 = args[3]
         self.out = b.bitcast(arr(4).data, FLOAT.as_pointer())
+        if not dot:   # out (inputs, 64): a unit's buffer, or its rows of dequantize's out_t; its row stride in floats
+            self.stride = b.udiv(cgutils.unpack_tuple(b, arr(4).strides, 2)[0], ir.Constant(I64, 4))
         self.kind, self.dot = kind, dot
         self.fma = b.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
 
@@ -393,7 +395,7 @@ class _Unit:
                 w = b.fmul(scale[piece], b.fsub(c, _splat_const(FLOAT, float(offset))))
             else:
                 w = b.call(self.fma, [scale[piece], c, offset[piece] if plus else b.fneg(offset[piece])])
-            at = b.gep(self.out, [self.add(self.mul(l, TILE), j)])
+            at = b.gep(self.out, [self.add(b.mul(self.i64(l), self.stride), j)])
             b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
 
     def finish(self):
@@ -684,22 +686,18 @@ def times(kind, tiles, units, unit_in, x, out):
 
 @njit(parallel=True, **JIT)
 def dequantize(kind, tiles, units, unit_in, out_t):
-    """out_t (in, n_out) float32 = W.T, the values of W from its tiles as `times` sees them. Transposed,
-    as the tiles hold them (a unit's values are (inputs, 64 outputs)): each row of 64 is one copy, where
-    (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies x @ out_t as well."""
+    """out_t (in, T·64) float32 = W.T, the values of W from its tiles as `times` sees them, each unit's values
+    written by the decoder straight into its rows of out_t (a copy through a buffer in between, element by
+    element, had held it to 0.65 G weights/s). Transposed, as the tiles hold them (a unit's values are
+    (inputs, 64 outputs)), where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies
+    x @ out_t as well."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    n_out = out_t.shape[1]
     for t in prange(n_tiles):
-        w = np.empty((MOST, TILE), F32)
         x = np.empty(1, F32)
-        width = min(TILE, n_out - TILE * t)
         for b in range(n_blocks):
             for u in range(units):
-                _unit(kind, False, tiles[t, b], u, x, 0, w)
                 i0 = unit_in * (units * b + u)
-                for i in range(unit_in):
-                    for j in range(width):
-                        out_t[i0 + i, TILE * t + j] = w[i, j]
+                _unit(kind, False, tiles[t, b], u, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
 
 
 _mine = threading.local()   # .n: numba's thread count on this thread, as threads() last set it
