@@ -5,7 +5,7 @@ matrix (the same values, dequantized with NumPy) multiplied by OpenBLAS.
     python scripts/bench_kernels.py --types Q4_K Q6_K --shapes 8960x1536 --rows 1 8 --repeat 15
 
 For each type, shape and row count: the kernel's time (StoredMatrix.times_kernel), the float32 GEMM's
-(x @ W.T), and StoredMatrix.times (which switches to dequantize-then-OpenBLAS at BLAS_ROWS), each the
+(x @ W.T), and StoredMatrix.times (which switches to dequantize-then-OpenBLAS at matrix.blas_rows()), each the
 median of --repeat calls, the three alternated call by call so that a load that comes and goes touches
 them alike; the kernel's bandwidth (stored bytes / time) and its fraction of this machine's, measured in
 the same process first: a float32 GEMV over a 933 MB matrix (OpenBLAS, every thread) and a copy. With

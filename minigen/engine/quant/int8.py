@@ -22,7 +22,7 @@ memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 
 stored, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums per 16 inputs (xs):
 dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
-(a batch, a draft, a prompt under BLAS_ROWS rows); one row is a decode step. Without VNNI (vpdpbusd)
+(a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI (vpdpbusd)
 the same sums are plain IR (widen, multiply, add 4 lanes), tested with MINIGEN_AVX2=1.
 
 Measured on the Intel Xeon here (AVX-512 VNNI, 2 threads; docs/weights-as-stored.md#the-int8-option):
