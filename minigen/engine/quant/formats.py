@@ -241,6 +241,17 @@ OTHER_GGML_TYPES = {9: "Q8_1", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
                     35: "TQ2_0", 39: "MXFP4"}
 
 
+# How the kernels' tiles (matrix.py, kernels.py) hold a type where it differs from the file's blocks:
+# Q4_K and Q5_K blocks pack 8 pairs of 6-bit (sc, m) into 12 bytes (bytes 4..15); the tiles hold them
+# unpacked instead, sc[8] then m[8] as bytes (rows 4..19, the rest 4 rows on), so that a kernel reads a
+# group's sc and m with one load each: unpacking them per product was a third to a half of a one-row Q4_K
+# product (docs/weights-as-stored.md, 2026-12-03). 4 bytes more per 144 (Q4_K) or 176 (Q5_K).
+UNPACKED_SCALES = {"Q4_K", "Q5_K"}
+# inputs the kernels decode at a time where not one group of 32: Q4_K, Q5_K 64 (a byte holds 2 groups), Q6_K
+# 128 (a half block: 3 byte rows hold an input of each of its 4 quarters)
+UNIT_INPUTS = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}
+
+
 def dequantize(raw: np.ndarray, name: str) -> np.ndarray:
     """Rows of blocks (..., row bytes) uint8 of type `name` -> their values (..., in) float32."""
     f = FORMATS[name]

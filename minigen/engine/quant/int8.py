@@ -235,7 +235,7 @@ def _int8_kernel(kind: str, doc: str):
 
 
 def _emit_k4(p: _Pass):
-    """Q4_K unit c: qs byte 20 + 32c + l (the tiles' rows, matrix.UNPACKED_SCALES) holds input l of group 2c
+    """Q4_K unit c: qs byte 20 + 32c + l (the tiles' rows, formats.UNPACKED_SCALES) holds input l of group 2c
     (low nibble) and of 2c + 1 (high);
     acc += dx_2c·(s·D_2c − o·xs_2c) + dx_2c+1·(s2·D_2c+1 − o2·xs_2c+1)."""
     b = p.b

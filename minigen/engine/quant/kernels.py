@@ -77,6 +77,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 import numba   # noqa: E402
 import numpy as np   # noqa: E402
 from . import formats   # noqa: E402
+from .formats import UNIT_INPUTS, UNPACKED_SCALES   # noqa: E402
 from llvmlite import binding, ir   # noqa: E402
 from numba import njit, prange, types   # noqa: E402
 from numba.core import cgutils   # noqa: E402
@@ -95,13 +96,12 @@ FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reorde
 # each type's number in the kernels' branches, and the inputs of one unit of its tiles
 KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                            "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])}
-# inputs per unit: Q4_K and Q5_K 64 (a byte holds 2 groups), Q6_K 128 (a half block: 3 byte rows hold 4 quarters)
-UNIT = {name: {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}.get(name, GROUP) for name in KINDS}
+UNIT = {name: UNIT_INPUTS.get(name, GROUP) for name in KINDS}   # inputs per unit (formats.UNIT_INPUTS)
 MOST = max(UNIT.values())   # rows of a unit's buffer of values (times, dequantize)
 # bytes of a tile block (R x C: the type's block, or 4 bytes more for Q4_K and Q5_K's unpacked scales, for
 # 64 outputs; F32, F16, BF16: 32 inputs of 64 outputs), and units per block (32 inputs, or 256 for K types)
 BLOCK_BYTES = {name: TILE * 32 * {"F32": 4, "F16": 2, "BF16": 2}[name] if name in ("F32", "F16", "BF16")
-               else TILE * (formats.FORMATS[name].nbytes + (4 if name in ("Q4_K", "Q5_K") else 0)) for name in KINDS}
+               else TILE * (formats.FORMATS[name].nbytes + (4 if name in UNPACKED_SCALES else 0)) for name in KINDS}
 UNITS = {name: (formats.FORMATS[name].block if name not in ("F32", "F16", "BF16") else GROUP) // UNIT[name] for name in KINDS}
 # blocks ahead of the one multiplied that the kernels ask into the cache (ir_prefetch_share): at least 2, and
 # at least 16 KB on (Q8_0's 2 blocks, 4 KB, were too close once the requests were spread over the unit)
@@ -246,8 +246,9 @@ def ir_prefetch_share(b, base, kind: str, u, step, steps: int):
     each line (on the Intel Xeon here one row of a 17,920 x 1,536 Q4_K matrix read from memory took 7.1 ms on
     two threads without prefetching, 3.3 ms with) nor stalls on a burst of requests at a unit's start: Q6_K's
     151,936 x 1,536 on two threads (AMD Zen 4), 7.8 ms with a unit's share asked for at once before it, 5.4 ms
-    spread (36 GB/s, as fast as OpenBLAS's float32 GEMV reads). The tiles are one C-contiguous array, so the block ahead is the
-    next tile's near the end of one; past the last, a prefetch is a hint, which does not fault."""
+    spread (36 GB/s, as fast as OpenBLAS's float32 GEMV reads). The tiles are one C-contiguous array, so the
+    block ahead is the next tile's near the end of one; past the last, a prefetch is a hint, which does not
+    fault."""
     i64 = lambda v: ir.Constant(I64, v)
     lines = -(-BLOCK_BYTES[kind] // (64 * UNITS[kind]))                # a unit's share of the block, in lines
     k = -(-lines // steps)                                             # lines per step, at most
@@ -487,7 +488,7 @@ def _emit_q8(u: _Unit, l, row_qs: int):
 def _emit_k45(u: _Unit, l, row_qs: int, fifth: bool):
     """Q4_K, Q5_K, unit c = groups 2c, 2c + 1: qs byte row_qs + 32c + l holds input l of group 2c (low
     nibble) and of 2c + 1 (high); Q5_K's qh byte 20 + l, bit g: the fifth bit of input l of group g (the
-    tiles' rows: the file's, 4 on from byte 16, where sc[8] and m[8] are unpacked; matrix.UNPACKED_SCALES).
+    tiles' rows: the file's, 4 on from byte 16, where sc[8] and m[8] are unpacked; formats.UNPACKED_SCALES).
     w = (d·sc)·q − dmin·m, i.e. fma(s, q, −o) (s·q is exact, so fused or not it rounds once)."""
     b = u.b
     at = u.add(u.mul(u.u, 32), row_qs, l)

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import MinigenError
-from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, scale_min_k4
+from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, UNIT_INPUTS, UNPACKED_SCALES, scale_min_k4
 from .formats import dequantize as dequantize_rows
 from .quantize import QUANTIZERS, _pack_scale_min_k4, quantize_rows
 
@@ -54,11 +54,6 @@ BLAS_ROWS_ZEN_AVX512 = 1024
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-# Q4_K and Q5_K blocks pack 8 pairs of 6-bit (sc, m) into 12 bytes (bytes 4..15); the tiles hold them
-# unpacked instead, sc[8] then m[8] as bytes (rows 4..19, the rest 4 rows on), so that a kernel reads a
-# group's sc and m with one load each: unpacking them per product was a third to a half of a one-row Q4_K
-# product (docs/weights-as-stored.md, 2026-12-03). 4 bytes more per 144 (Q4_K) or 176 (Q5_K).
-UNPACKED_SCALES = {"Q4_K", "Q5_K"}
 RUNS = tuple(FORMATS)   # every type a StoredMatrix holds
 
 
@@ -150,8 +145,8 @@ class StoredMatrix:
 
     @property
     def unit(self) -> int:
-        """Inputs the kernels decode at a time (kernels.UNIT: 64 for Q4_K and Q5_K, 128 for Q6_K, else 32)."""
-        return {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}.get(self.type, GROUP)
+        """Inputs the kernels decode at a time (UNIT_INPUTS, else 32)."""
+        return UNIT_INPUTS.get(self.type, GROUP)
 
     def __repr__(self) -> str:
         return f"StoredMatrix({self.name!r}, {self.type}, {self.shape})"
@@ -196,7 +191,7 @@ class StoredMatrix:
     def times(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """x (N, in) float32 -> (N, out) = x @ self.dequantize().T; the kernel on `threads` of numba's
         threads (None: all)."""
-        if HAVE_KERNELS and len(x) < blas_rows():
+        if HAVE_KERNELS and (len(x) < BLAS_ROWS or len(x) < blas_rows()):   # (a decode step asks nothing more)
             return self.times_int8(x, threads) if self.int8 else self._kernel(x, threads, False)
         return self.times_blas(x)
 
