@@ -211,6 +211,27 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
         assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_int8_sums_hold_the_extreme_codes(kernels, name):
+    """The integer sums where they are largest: every code byte 0xFF, 0x80 or 0x7F (the largest unsigned
+    codes; Q8_0's -1, -128, 127) times activations rounded to +-127 of one sign, or of alternating signs
+    (an int16 pair sum, as AVX2's vpmaddubsw makes, would saturate at 2^15 if a type's codes allowed it)."""
+    from minigen.engine.quant import int8
+    from quant_blocks import F16_FIELDS
+    f = FORMATS[name]
+    for fill in (0xFF, 0x80, 0x7F):
+        blocks = np.full((64, 512 // f.block, f.nbytes), fill, np.uint8)
+        for at in F16_FIELDS[name]:
+            blocks[..., at:at + 2] = np.full(blocks.shape[:2] + (1,), 0.01, np.float16).view(np.uint8)
+        m = StoredMatrix.from_bytes(blocks.reshape(64, -1), name, (64, 512), name=f"test.{name}")
+        w = m.dequantize()
+        for x in (np.ones((1, 512), np.float32), -np.ones((1, 512), np.float32),
+                  np.tile(np.float32([1, 1, -1, -1]), (3, 128))):
+            ref = int8.reference(m, x)
+            scale = np.abs(x) @ np.abs(w).T
+            assert (np.abs(m.times_int8(x) - ref) <= 1e-5 * scale).all(), (name, fill, x[0, :4])
+
+
 def test_int8_activations_are_llama_cpp_s(kernels):
     """quantize_row_q8_0: d = max|x| / 127, q = roundf(x · (1/d)) (d kept in float32, where llama.cpp
     rounds it to float16); a block of zeros gives zeros."""
