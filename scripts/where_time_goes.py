@@ -113,10 +113,9 @@ def instrument(model, clock: Clock):
     return undo
 
 
-def prompt(model_dir: Path, n: int) -> list[int]:
-    from tokenizers import Tokenizer
-    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TEXT * (n // 20 + 1)).ids
-    return ids[:n]
+def prompt(tok, n: int) -> list[int]:
+    """n tokens of TEXT, by the model's own tokenizer (a directory's tokenizer.json or a GGUF's vocabulary)."""
+    return list(tok.encode(TEXT * (n // 20 + 1)))[:n]
 
 
 # --- prefill: phases of a layer --------------------------------------------------------------------
@@ -169,6 +168,11 @@ def projection_shapes(model) -> dict:
     return {phase: [p[k].shape for k in keys if k in p] for phase, keys in WEIGHTS.items()}
 
 
+def alone(x, w):
+    """x @ w.T as the model multiplies it: OpenBLAS for a float32 array, the kernels for a matrix kept stored."""
+    return w.times(x) if hasattr(w, "times") else x @ w.T
+
+
 def numpy_gemm_seconds(model, n: int, repeats: int) -> dict:
     """Seconds of the weight GEMMs alone, per phase, over all layers: x (n, in) @ w.T in NumPy."""
     out = {}
@@ -183,7 +187,7 @@ def numpy_gemm_seconds(model, n: int, repeats: int) -> dict:
                     w = layer[k]
                     x = xs.setdefault(w.shape[1], np.random.default_rng(0).standard_normal((n, w.shape[1]),
                                                                                           np.float32))
-                    x @ w.T
+                    alone(x, w)
             times.append(time.perf_counter() - start)
         out[phase] = statistics.median(times)
     return out
@@ -199,13 +203,13 @@ with torch.inference_mode():
         ws = [torch.randn(o, i) for o, i in item["shapes"]]
         xs = {i: torch.randn(spec["n"], i) for _, i in item["shapes"]}
         for w in ws:
-            xs[w.shape[1]] @ w.T
+            alone(xs[w.shape[1]], w)
         times = []
         for _ in range(spec["repeats"]):
             start = time.perf_counter()
             for _ in range(spec["layers"]):
                 for w in ws:
-                    xs[w.shape[1]] @ w.T
+                    alone(xs[w.shape[1]], w)
             times.append(time.perf_counter() - start)
         out[phase] = statistics.median(times)
 print(json.dumps(out))
@@ -284,7 +288,7 @@ def gemv_floor(model, repeats: int) -> dict:
         t = defaultdict(float)
         for w in mats:
             start = time.perf_counter()
-            xs[w.shape[1]] @ w.T
+            alone(xs[w.shape[1]], w)
             t["gemv " + names[id(w)]] += time.perf_counter() - start
         runs.append(t)
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -346,11 +350,11 @@ def main():
     ap.add_argument("--hf-python", default=None,
                     help="an interpreter with torch, to time the same GEMMs in torch (default: none)")
     args = ap.parse_args()
-    model, _ = minigen.load(args.model or str(default_model_path()))
+    model, tok = minigen.load(args.model or str(default_model_path()))
     print(f"{model.path}: {model.config.n_layers} layers, {model.n_params / 1e6:.0f} M parameters; "
           f"threads {parallel.n_threads()}")
     for n in [int(x) for x in args.lengths.split(",")]:
-        ids = prompt(Path(model.path), n)
+        ids = prompt(tok, n)
         profile_prefill(model, ids, args.repeats, args.hf_python)
         profile_decode(model, ids, args.steps)
 
