@@ -85,6 +85,9 @@ def attend_each(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: Config, at: Pa
     joining prompts on parallel threads, the longest first (with `record`, in order, so that the weights
     are appended in the sequences' order)."""
     window, scale, cap = cfg.window(at.layer), cfg.attn_scale, cfg.attn_softcap
+    if len(at.rows) == 1 and at.record is None:   # one sequence (a decode step, a prompt): no batch to sort out
+        queries = q[-1:] if at.last else q
+        return at.caches[0].attend(queries, k, v, window, scale, cap)[0]
     z = np.empty((len(at.rows),) + q.shape[1:] if at.last else q.shape, np.float32)
     out = [slice(b, b + 1) if at.last else r for b, r in enumerate(at.rows)]   # each sequence's rows of z
     pooled = pooled_decoders(at) if at.record is None else []

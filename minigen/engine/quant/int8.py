@@ -24,8 +24,8 @@ dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
 desktop CPUs before Alder Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
-to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes are widened to int16 and summed
-by vpmaddwd alone (its flipped codes, up to 255, would overflow the int16 pairs). Tested with MINIGEN_AVX2=1
+to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.signed_sums: its
+flipped codes, up to 255, would overflow the int16 pairs). Tested with MINIGEN_AVX2=1
 on any CPU. On the AMD Zen 3 here (one thread, 8960 x 1536, one row) those took Q4_K's product from 9.5 ms
 (the plain IR that was here: widen, multiply, add 4 lanes) to 1.0, Q8_0's from 10.0 to 2.3.
 
@@ -173,34 +173,28 @@ class _Pass:
 
     def signed_sums(self, count: int, streams):
         """sums() of signed codes on AVX2 (Q8_0's, whose flipped codes up to 255 would overflow vpmaddubsw's
-        int16 pairs): 4 outputs' codes widened to int16 (vpmovsxbw), vpmaddwd by the 4 activations (int16)
-        gives each output's two pair sums, accumulated as they are, an output's two lanes added at the end."""
+        int16 pairs), by llama.cpp's sign trick turned round so that no value leaves a byte: w·x = |w|·(x·sign w),
+        |w| <= 128 unsigned (vpabsb: -128 becomes 128) and x·sign w within -127..127 (vpsignb, 0 where w is
+        0), so a pair's sum stays within 2·128·127 < 2^15."""
         b = self.b
         n = len(streams(ir.Constant(I64, 0)))
-        i16x16 = _vec(I16, 16)
-        madd = b.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(_vec(I32, 8), [i16x16, i16x16]))
-        acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(4)] for _ in range(n)] for _ in range(self.nrows)]
+        i8x32 = _vec(I8, 32)
+        absb = b.module.declare_intrinsic("llvm.abs.v32i8", (), ir.FunctionType(i8x32, [i8x32, ir.IntType(1)]))
+        signb = b.module.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(i8x32, [i8x32, i8x32]))
+        acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in range(self.nrows)]
         with cgutils.for_range(b, self.i64(count)) as step:
             self.prefetch(step.index, count)
             for k, (codes, i) in enumerate(streams(step.index)):
-                quarters = [b.sext(b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 16), list(range(16 * q, 16 * q + 16)))),
-                                   i16x16) for q in range(4)]
+                halves = [b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))) for h in range(2)]
+                sizes = [b.call(absb, [w, ir.Constant(ir.IntType(1), 0)]) for w in halves]
                 for r in range(self.nrows):
-                    x = b.sext(b.bitcast(self.x4(r, i, 1), _vec(I8, 4)), _vec(I16, 4))
-                    x = b.shuffle_vector(x, x, ir.Constant(_vec(I32, 16), [j % 4 for j in range(16)]))
-                    for q in range(4):
-                        a = acc[r][k][q]
-                        b.store(b.add(b.load(a), b.call(madd, [quarters[q], x])), a)
-        pick = lambda first: ir.Constant(_vec(I32, 8), list(range(first, 16, 2)))
-        out = []
-        for row in acc:
-            per = []
-            for quads in row:
-                halves = [b.add(b.shuffle_vector(b.load(u), b.load(v), pick(0)), b.shuffle_vector(b.load(u), b.load(v), pick(1)))
-                          for u, v in (quads[:2], quads[2:])]
-                per.append(b.sitofp(b.shuffle_vector(halves[0], halves[1], ir.Constant(_vec(I32, 16), list(range(16)))), _vec(FLOAT)))
-            out.append(per)
-        return out
+                    x = b.bitcast(self.x4(r, i), i8x32)
+                    for half in range(2):
+                        a = acc[r][k][half]
+                        signed = b.bitcast(b.call(signb, [x, halves[half]]), _vec(I32, 8))
+                        b.store(_dot4(b, b.load(a), b.bitcast(sizes[half], _vec(I32, 8)), signed, True), a)
+        mask = ir.Constant(_vec(I32, 16), list(range(16)))
+        return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
 
     def prefetch(self, step, count: int):
         """Step `step` of this pass's `count`: its part of the unit's share of the block ahead, the share spread
