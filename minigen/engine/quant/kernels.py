@@ -51,14 +51,13 @@ them, a unit's inputs (the loop the IR writes), the accumulators staying in regi
 units, blocks, and tiles (the parallel loop). A byte is decoded once and its value multiplied by
 every row in registers; nothing is summed across lanes.
 
-Measured on this machine (AMD EPYC Zen 3, 2 cores, AVX2, KVM, shared with other jobs: rough; commands
-and tables in docs/weights-as-stored.md). In the same process, a float32 GEMV over 933 MB (OpenBLAS, 2
-threads) ran at 11-20 GB/s; these kernels, one row of 8960 x 1536: Q4_K 4.9 GB/s (0.33 of that),
-Q4_1 5.3, Q8_0 5.4, F16 12.2 (0.82), BF16 11.4, i.e. 1.5-2.7x faster than OpenBLAS's float32 GEMV of
-the same matrix; they are compute-bound (unpacking, converting and scaling each weight: ~0.7
-instructions per weight), except F16 and BF16. All the products of a decode step of Qwen2.5-Coder-1.5B
-Q4_K_M take ~215 ms on 2 threads, where llama.cpp's whole step takes ~95 ms: its integer dot products
-do 16-32 multiply-adds per instruction on int8 activations (int8.py is a first step towards that).
+Measured on an AMD EPYC Zen 3 (2 cores, AVX2, KVM, 2026-12-04; commands and tables in
+docs/weights-as-stored.md): in the same process a float32 GEMV over 933 MB (OpenBLAS, 2 threads) read
+23.9 GB/s; one row of 151,936 x 1,536 from memory, Q4_K 10.1 GB/s (0.42 of that), Q6_K 8.9, Q8_0 13.2,
+BF16 15.9, 2-3x faster than OpenBLAS's float32 GEMV of the same matrix but compute-bound (a conversion
+and an FMA per weight on 8 lanes): all the products of a decode step of Qwen2.5-Coder-1.5B Q4_K_M take
+~112 ms, where llama.cpp's whole step takes ~61 ms. On Zen 4 (AVX-512, 16 lanes) the same step's
+products took 26-51 ms, against llama.cpp's whole step of ~33 ms there.
 """
 from __future__ import annotations
 
