@@ -202,7 +202,7 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
     m, raw = matrices[name]
     w = dequantize(raw, name)
     rng = np.random.default_rng(8)
-    for n in [1, 2, 3, 8, 17, 33]:
+    for n in [1, 2, 3, 4, 6, 8, 12, 17, 33]:   # ROWS at a time (8, Q6_K 4), then HALF (4, 2), then one
         x = rng.standard_normal((n, m.shape[1])).astype(np.float32)
         y = m.times_int8(x)
         ref = int8.reference(m, x)
@@ -273,7 +273,7 @@ AVX2_CHECK = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_
               "rng = np.random.default_rng(5)\n"
               "for name in ('Q4_K', 'Q6_K', 'Q8_0', 'Q5_0', 'Q3_K', 'IQ4_XS', 'BF16'):\n"
               "    m = StoredMatrix.from_bytes(random_matrix(name, 80, 512, rng), name, (80, 512))\n"
-              "    for x in (rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((3, 512)).astype(np.float32)):\n"
+              "    for x in (rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((7, 512)).astype(np.float32)):\n"
               "        w = m.dequantize()\n"
               "        scale = np.abs(x) @ np.abs(w).T\n"
               "        assert (np.abs(m.times_kernel(x) - x @ w.T) <= 1e-5 * scale).all(), name\n"

@@ -257,15 +257,15 @@ def _nibbles(b, v):
 
 
 def _int8_kernel(kind: str, doc: str):
-    """The intrinsic of one type: (many, blk, u, ...) with `many` a literal bool, for ROWS[kind] rows (many)
-    or one."""
+    """The intrinsic of one type: (many, blk, u, ...) with `many` a literal int, for ROWS[kind] rows (2),
+    HALF[kind] (1) or one (0)."""
     number = KINDS[kind]
 
     @intrinsic
     def fn(typingctx, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
-        if not isinstance(many, types.BooleanLiteral):
+        if not isinstance(many, types.IntegerLiteral):
             raise RequireLiteralValue("many")   # numba types the call again with its literal value
-        nrows = ROWS[number] if many.literal_value else 1
+        nrows = (1, HALF[number], ROWS[number])[many.literal_value]
 
         def codegen(context, builder, sig, args):
             for j0 in range(0, TILE, LANES):
@@ -386,13 +386,17 @@ EMIT = {8: _emit_k4, 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
+# and the rest of a product's rows HALF at a time before one at a time: a batch of 4 (or 12) took 4 one-row
+# passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
+# pass of 4)
+HALF = tuple(r // 2 for r in ROWS)
 _q4_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(k, f"{k} times int8 activations")
                                                    for k in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
 
 
 @njit(inline="always", **JIT)
 def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
-    """Unit u of a tile block for rows n0 ... (ROWS[kind] of them if many, else one): acc[n] (64,) += its share of
+    """Unit u of a tile block for rows n0 ... (ROWS[kind] of them if many is 2, HALF[kind] if 1, else one): acc[n] (64,) += its share of
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
     if kind == 8:
         _q4_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
@@ -419,16 +423,20 @@ def _times(kind, tiles, units, unit_in, x, out):
     xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
     _quantize(x, xq, dx, xs)
     y = np.empty((k, out), F32)
-    many = ROWS[kind]
+    full, half = ROWS[kind], HALF[kind]
+    in_full = k - k % full                            # rows 0 .. in_full - 1 go ROWS at a time
+    in_half = in_full + (k - in_full) // half * half  # then HALF at a time, then one at a time
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
         for b in range(n_blocks):
             for u in range(units):
                 i0 = unit_in * (units * b + u)
-                for n0 in range(0, k - k % many, many):
-                    _unit(kind, True, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
-                for n0 in range(k - k % many, k):
-                    _unit(kind, False, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                for n0 in range(0, in_full, full):
+                    _unit(kind, 2, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                for n0 in range(in_full, in_half, half):
+                    _unit(kind, 1, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                for n0 in range(in_half, k):
+                    _unit(kind, 0, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
                 y[n, TILE * t + j] = acc[n, j]
