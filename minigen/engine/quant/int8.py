@@ -24,10 +24,10 @@ dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
 desktop CPUs before Alder Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
-to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.signed_sums: its
+to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.sums: its
 flipped codes, up to 255, would overflow the int16 pairs). Tested with MINIGEN_AVX2=1
 on any CPU. On the AMD Zen 3 here (one thread, 8960 x 1536, one row) those took Q4_K's product from 9.5 ms
-(the plain IR that was here: widen, multiply, add 4 lanes) to 1.0, Q8_0's from 10.0 to 2.3.
+(the plain IR that was here: widen, multiply, add 4 lanes) to 1.0, Q8_0's from 10.0 to 2.2.
 
 Measured on the Intel Xeon here (AVX-512 VNNI, 2 threads; docs/weights-as-stored.md#the-int8-option):
 a decode step of Qwen2.5-Coder-1.5B Q4_K_M takes ~110-120 ms against ~230-260 exact; the products
@@ -58,7 +58,7 @@ LANES = 16
 VNNI512 = bool(FEATURES.get("avx512vnni") and FEATURES.get("avx512bw")) and not AVX2_ONLY
 VNNI = VNNI512 or bool(FEATURES.get("avxvnni") or (FEATURES.get("avx512vnni") and FEATURES.get("avx512vl"))) and not AVX2_ONLY
 AVX2 = bool(FEATURES.get("avx2"))   # vpmaddubsw, vpmaddwd on 256 bits (_dot4)
-SIGNED_CODES = AVX2 and not VNNI    # Q8_0's codes multiplied as signed bytes (_Pass.signed_sums)
+SIGNED_CODES = AVX2 and not VNNI    # Q8_0's codes multiplied as signed bytes (_Pass.sums)
 
 
 def _vec(t, n=LANES):
@@ -144,8 +144,6 @@ class _Pass:
         "signed" (only without VNNI on AVX2: SIGNED_CODES). -> per row, [<16 x float>] per stream (exact:
         |sum| < 2^24)."""
         b = self.b
-        if sign == "signed":
-            return self.signed_sums(count, streams)
         n = len(streams(ir.Constant(I64, 0)))
         rows = range(self.nrows)
         if VNNI512:   # one <16 x i32> sum per stream and row
@@ -157,42 +155,27 @@ class _Pass:
                         b.store(b.call(fn, [b.load(acc[r][k]), b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES)]), acc[r][k])
                 self.prefetch(step.index, count)
             return [[b.sitofp(b.load(a), _vec(FLOAT)) for a in row] for row in acc]
+        # signed (Q8_0 on AVX2, whose flipped codes up to 255 would overflow vpmaddubsw's int16 pairs): llama.cpp's
+        # sign trick turned round so that no value leaves a byte, w·x = |w|·(x·sign w), |w| <= 128 unsigned
+        # (vpabsb: -128 becomes 128) and x·sign w within -127..127 (vpsignb; 0 where w is 0): a pair's sum
+        # stays within 2·128·127 < 2^15
+        i8x32 = _vec(I8, 32)
+        if sign == "signed":
+            absb = b.module.declare_intrinsic("llvm.abs.v32i8", (), ir.FunctionType(i8x32, [i8x32, ir.IntType(1)]))
+            signb = b.module.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(i8x32, [i8x32, i8x32]))
         acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in rows]
         with cgutils.for_range(b, self.i64(count)) as step:
             self.prefetch(step.index, count)
             for k, (codes, i) in enumerate(streams(step.index)):
-                parts = [b.bitcast(b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))),
-                                   _vec(I32, 8)) for h in range(2)]
+                parts = [b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))) for h in range(2)]
+                sizes = [b.call(absb, [w, ir.Constant(ir.IntType(1), 0)]) for w in parts] if sign == "signed" else parts
                 for r in rows:
                     x = self.x4(r, i)
                     for half in range(2):
+                        xs = b.call(signb, [b.bitcast(x, i8x32), parts[half]]) if sign == "signed" else x
                         a = acc[r][k][half]
-                        b.store(_dot4(b, b.load(a), parts[half], x, sign == "small"), a)
-        mask = ir.Constant(_vec(I32, 16), list(range(16)))
-        return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
-
-    def signed_sums(self, count: int, streams):
-        """sums() of signed codes on AVX2 (Q8_0's, whose flipped codes up to 255 would overflow vpmaddubsw's
-        int16 pairs), by llama.cpp's sign trick turned round so that no value leaves a byte: w·x = |w|·(x·sign w),
-        |w| <= 128 unsigned (vpabsb: -128 becomes 128) and x·sign w within -127..127 (vpsignb, 0 where w is
-        0), so a pair's sum stays within 2·128·127 < 2^15."""
-        b = self.b
-        n = len(streams(ir.Constant(I64, 0)))
-        i8x32 = _vec(I8, 32)
-        absb = b.module.declare_intrinsic("llvm.abs.v32i8", (), ir.FunctionType(i8x32, [i8x32, ir.IntType(1)]))
-        signb = b.module.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(i8x32, [i8x32, i8x32]))
-        acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in range(self.nrows)]
-        with cgutils.for_range(b, self.i64(count)) as step:
-            self.prefetch(step.index, count)
-            for k, (codes, i) in enumerate(streams(step.index)):
-                halves = [b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))) for h in range(2)]
-                sizes = [b.call(absb, [w, ir.Constant(ir.IntType(1), 0)]) for w in halves]
-                for r in range(self.nrows):
-                    x = b.bitcast(self.x4(r, i), i8x32)
-                    for half in range(2):
-                        a = acc[r][k][half]
-                        signed = b.bitcast(b.call(signb, [x, halves[half]]), _vec(I32, 8))
-                        b.store(_dot4(b, b.load(a), b.bitcast(sizes[half], _vec(I32, 8)), signed, True), a)
+                        b.store(_dot4(b, b.load(a), b.bitcast(sizes[half], _vec(I32, 8)), b.bitcast(xs, _vec(I32, 8)),
+                                      sign != "unsigned"), a)
         mask = ir.Constant(_vec(I32, 16), list(range(16)))
         return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
 
