@@ -23,7 +23,7 @@ stored, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums p
 dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
-desktop CPUs before Alder Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
+Haswell to Comet Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
 to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.sums: its
 flipped codes, up to 255, would overflow the int16 pairs). Tested with MINIGEN_AVX2=1
 on any CPU. On the AMD Zen 3 here (one thread, 8960 x 1536, one row) those took Q4_K's product from 9.5 ms
@@ -209,9 +209,9 @@ def _interleave(b, rows):
 def _dot4(b, acc, codes, x, small: bool):
     """acc <8 x i32> + per lane the sum of its 4 unsigned bytes of codes times the 4 signed bytes of x:
     vpdpbusd where the CPU has it (AVX512-VNNI or AVX-VNNI, one instruction for 32 products); else, for
-    `small` codes (< 128) on AVX2, llama.cpp's pair (vpmaddubsw: byte products summed in pairs to int16, then
+    `small` codes (<= 128) on AVX2, llama.cpp's pair (vpmaddubsw: byte products summed in pairs to int16, then
     vpmaddwd by ones: the pairs summed to int32), exact as |x| <= 127 keeps a pair's sum within int16
-    (2·127·127 < 2^15); else plain IR (widen, multiply, add the 4 products of each lane)."""
+    (2·128·127 < 2^15); else plain IR (widen, multiply, add the 4 products of each lane)."""
     if VNNI:
         fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", (), ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3))
         return b.call(fn, [acc, codes, x])
