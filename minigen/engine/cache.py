@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from . import parallel
-from .attention import causal_attention, pooled_decode_attention, slot_runs
+from .attention import causal_attention, decode_attention, pooled_decode_attention, slot_runs
 
 
 class LayerCache(Protocol):
@@ -109,6 +109,8 @@ class KVBase:
         (H, T', S) when asked (or, with `on_block`, handed over a few rows at a time: causal_attention)."""
         offset = self.offset + len(k) - len(q)                               # the first query's position
         keys, values = self.update_and_fetch(k.transpose(1, 0, 2), v.transpose(1, 0, 2))   # (KV, S, d)
+        if len(q) == 1 and not want_weights and on_block is None:           # a decode step: from the buffers
+            return decode_attention(q[0], self.keys_t, self.values, self.offset, window, scale, softcap)[None], None
         out, weights = causal_attention(q.transpose(1, 0, 2), keys, values, offset, window, want_weights,
                                         scale, softcap, on_block)            # (H, T', d)
         return out.transpose(1, 0, 2), weights                               # (T', H, d)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .config import Rope
 from .linear import linear
+from .quant.matrix import twins
 from ..errors import MinigenError
 
 
@@ -27,6 +28,17 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     y = x / ms
     y *= w
     return y
+
+
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm, by its numba twin (compiled.py) for a few float32 rows (a decode step's, a batch's) where
+    numba is: the same numbers to float32's rounding of a sum, in ~3 us of NumPy's ~16 for one row."""
+    if x.ndim == 2 and len(x) <= TWIN_ROWS and x.dtype == w.dtype == np.float32 and (twin := twins()) is not None:
+        return twin.rms_norm(np.ascontiguousarray(x), w, eps)
+    return rms_norm(x, w, eps)
+
+
+TWIN_ROWS = 16   # rows up to which rms_norm_rows takes the twin; a prompt's (split over threads) stays in NumPy
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:

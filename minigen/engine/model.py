@@ -40,7 +40,7 @@ import numpy as np
 from . import parallel
 from .config import Config
 from .hooks import Hooks
-from .layers import activation, gated, layer_norm, query_scale, rms_norm, rope_tables, softcap
+from .layers import activation, gated, layer_norm, query_scale, rms_norm_rows, rope_tables, softcap
 from .linear import linear, rows_of
 from .mixers import Pass, make_cache, mixer_of
 from .moe import moe_mlp
@@ -248,7 +248,7 @@ def unembed(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
 def norm(x: np.ndarray, p: dict, cfg: Config, name: str) -> np.ndarray:
     if cfg.norm == "layer":
         return layer_norm(x, p[name], p[name + "_b"], cfg.norm_eps)
-    return rms_norm(x, p[name], cfg.norm_eps)
+    return rms_norm_rows(x, p[name], cfg.norm_eps)
 
 
 # --- the loaded model --------------------------------------------------------------------------------

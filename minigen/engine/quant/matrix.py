@@ -387,6 +387,15 @@ def blas_rows() -> int:
 _modules: tuple = ()
 
 
+def twins():
+    """minigen.engine.compiled, numba's twins of rms_norm and a decode step's attention, or None (numba not
+    installed, or MINIGEN_KERNELS=0: the NumPy reference path). Imported on first use, as the kernels are."""
+    if not HAVE_KERNELS:
+        return None
+    from .. import compiled
+    return compiled
+
+
 def _compiled():
     """(kernels, int8): the numba modules, imported on first use (numba loads with them)."""
     global _modules

@@ -1,0 +1,137 @@
+"""numba's twins of a decode step's small steps (minigen/engine/compiled.py), against float64 arithmetic written
+out here and against the NumPy reference they stand in for: RMSNorm of a few rows, one query per head over a
+KV cache (grouped heads, a sliding window, key counts across the twin's blocks of keys), the softmax's
+exponential, and a model's decode steps with the twins and without them."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minigen
+from minigen.engine import attention, compiled, layers
+from minigen.engine.attention import causal_attention, decode_attention
+from minigen.engine.cache import KVCache
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def softmax_attention64(q, k, v, lo, scale):
+    """One query per head q (H, d) over keys and values lo.. of k, v (KV, S, d), in float64."""
+    H, d = q.shape
+    G = H // k.shape[0]
+    out = np.empty((H, d))
+    for h in range(H):
+        s = (k[h // G, lo:].astype(np.float64) @ q[h].astype(np.float64)) * scale
+        w = np.exp(s - s.max())
+        out[h] = (w / w.sum()) @ v[h // G, lo:].astype(np.float64)
+    return out
+
+
+def cache_of(rng, KV, d, S, capacity):
+    keys_t = np.empty((KV, d, capacity), np.float32)
+    values = np.empty((KV, capacity, d), np.float32)
+    keys_t[:, :, :S] = rng.standard_normal((KV, d, S), dtype=np.float32)
+    values[:, :S] = rng.standard_normal((KV, S, d), dtype=np.float32)
+    return keys_t, values
+
+
+@pytest.mark.parametrize("H, KV, d, S, window", [
+    (4, 4, 16, 1, None),        # the first token: one key
+    (9, 3, 64, 100, None),      # SmolLM2's heads
+    (12, 2, 128, 257, None),    # Qwen2.5-1.5B's, one key past a block of KEYS
+    (6, 2, 80, 700, 300),       # a sliding window: keys 400.. only
+    (8, 1, 32, 513, 513),       # one KV head for all, a window as long as the cache
+])
+def test_decode_attention_equals_float64_and_the_numpy_path(H, KV, d, S, window):
+    rng = np.random.default_rng(S)
+    keys_t, values = cache_of(rng, KV, d, S, capacity=S + 37)   # buffers longer than what is filled
+    q = rng.standard_normal((H, d), dtype=np.float32) * 2
+    lo = 0 if window is None else max(0, S - window)
+    k, v = keys_t[:, :, :S].transpose(0, 2, 1), values[:, :S]
+    want = softmax_attention64(q, k, v, lo, 1 / np.sqrt(d))
+    out = np.empty((H, d), np.float32)
+    compiled.decode_attention(q, keys_t, values, lo, S, np.float32(1 / np.sqrt(d)), out)
+    np.testing.assert_allclose(out, want, atol=2e-6)
+    numpy_path = causal_attention(q[:, None], k, v, S - 1, window)[0][:, 0]
+    np.testing.assert_allclose(out, numpy_path, atol=1e-5)
+    assert decode_attention(q, keys_t, values, S, window, None, None).tobytes() == out.tobytes()
+
+
+def test_decode_attention_takes_the_given_scale_and_leaves_soft_caps_and_long_caches_to_numpy(monkeypatch):
+    rng = np.random.default_rng(1)
+    keys_t, values = cache_of(rng, 2, 32, 50, 64)
+    q = rng.standard_normal((4, 32), dtype=np.float32)
+    k, v = keys_t[:, :, :50].transpose(0, 2, 1), values[:, :50]
+    np.testing.assert_allclose(decode_attention(q, keys_t, values, 50, None, 0.5, None),
+                               softmax_attention64(q, k, v, 0, 0.5), atol=2e-6)
+    calls = []
+    monkeypatch.setattr(compiled, "decode_attention", lambda *a: calls.append(a))
+    capped = decode_attention(q, keys_t, values, 50, None, None, 30.0)        # Gemma 2: NumPy's causal_attention
+    np.testing.assert_allclose(capped, causal_attention(q[:, None], k, v, 49, softcap=30.0)[0][:, 0], atol=0)
+    monkeypatch.setattr(attention, "TWIN_SCORES", 4 * 49)
+    decode_attention(q, keys_t, values, 50, None, None, None)               # 4 x 50 scores: past the limit
+    assert calls == []
+    decode_attention(q, keys_t, values, 50, 49, None, None)                 # 4 x 49 in the window: the twin
+    assert len(calls) == 1
+
+
+def test_a_cache_decode_step_attends_over_its_buffers_as_causal_attention_does():
+    rng = np.random.default_rng(2)
+    cache = KVCache(3, 16, capacity=4)
+    prompt = rng.standard_normal((2, 7, 3, 16), dtype=np.float32)            # k, v (T, KV, d): grows the buffers
+    cache.update_and_fetch(prompt[0].transpose(1, 0, 2), prompt[1].transpose(1, 0, 2))
+    q, k, v = (rng.standard_normal((1, n, 16), dtype=np.float32) for n in (6, 3, 3))
+    out, weights = cache.attend(q, k, v, window=5, scale=None, softcap=None)
+    keys, values = cache.fetch()
+    assert weights is None and out.shape == (1, 6, 16) and cache.offset == 8
+    np.testing.assert_allclose(out[0], causal_attention(q[0][:, None], keys, values, 7, 5)[0][:, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, D", [(1, 576), (3, 64), (16, 1536)])
+def test_rms_norm_rows_equals_float64_and_rms_norm(rows, D):
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, D), dtype=np.float32) * np.float32(rng.uniform(0.01, 30))
+    w = rng.standard_normal(D, dtype=np.float32)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+    got = compiled.rms_norm(x, w, 1e-6)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-6 * scale
+    np.testing.assert_allclose(layers.rms_norm_rows(x, w, 1e-6), layers.rms_norm(x, w, 1e-6), atol=1e-6 * scale)
+    assert layers.rms_norm_rows(x, w, 1e-6).tobytes() == got.tobytes()
+
+
+def test_exp_neg_within_two_ulp_of_e_to_the_x_and_zero_below_float32s_range():
+    @compiled.njit
+    def each(x):
+        out = np.empty_like(x)
+        for i in range(len(x)):
+            out[i] = compiled.exp_neg(x[i])
+        return out
+    x = np.concatenate([-np.linspace(0, 87.3, 200001, dtype=np.float32), np.float32([-0.0, -1e-30, -0.34657359])])
+    want = np.exp(x.astype(np.float64))
+    got = each(x)
+    assert got.dtype == np.float32 and got[0] == 1
+    assert (np.abs(got - want) / want).max() <= 2 * 2.0 ** -23
+    assert (each(np.float32([-87.4, -100, -1e30, -np.inf])) == 0).all()
+
+
+@pytest.mark.parametrize("name", ["llama_gqa3", "mistral_sliding", "qwen2"])
+def test_decode_steps_with_the_twins_equal_those_without(name, monkeypatch):
+    """Greedy decoding of a fixture with the twins and with the NumPy reference path: the same tokens, logits
+    within 1e-5 (the parity tests hold either to transformers)."""
+    model = minigen.load(FIXTURES / name)[0]
+    ref = np.load(FIXTURES / name / "reference.npz")
+    runs = []
+    for twins in (compiled, None):
+        monkeypatch.setattr(layers, "twins", lambda: twins)
+        monkeypatch.setattr(attention, "twins", lambda: twins)
+        cache, ids, logits = model.make_cache(4), ref["input_ids"], []
+        out = model.forward(ids, cache, last_only=True)
+        for _ in range(12):                                                   # past the capacity: the buffers grow
+            ids = [int(out[-1].argmax())]
+            logits.append(out[-1])
+            out = model.forward(np.array(ids), cache, last_only=True)
+        runs.append(np.stack(logits))
+    assert runs[0].argmax(1).tolist() == runs[1].argmax(1).tolist()
+    np.testing.assert_allclose(runs[0], runs[1], atol=1e-5)
