@@ -135,3 +135,30 @@ def test_decode_steps_with_the_twins_equal_those_without(name, monkeypatch):
         runs.append(np.stack(logits))
     assert runs[0].argmax(1).tolist() == runs[1].argmax(1).tolist()
     np.testing.assert_allclose(runs[0], runs[1], atol=1e-5)
+
+
+def test_silu_gate_equals_float64_and_the_numpy_gate():
+    rng = np.random.default_rng(3)
+    h = (rng.standard_normal((3, 2 * 700)) * 6).astype(np.float32)
+    h[0, :6] = [0, -0.0, 88.8, -88.8, -200, 1e-30]                        # e^-x past float32's range, both ways
+    g64, u64 = h[:, :700].astype(np.float64), h[:, 700:].astype(np.float64)
+    want = g64 / (1 + np.exp(-g64)) * u64
+    got = compiled.silu_gate(h)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    numpy_gate = layers.silu(h[:, :700].copy()) * h[:, 700:]
+    np.testing.assert_allclose(got, numpy_gate, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("d, r", [(64, 64), (80, 32)])                  # whole, and partial rotary (Phi-3, NeoX)
+def test_rope_rows_equals_apply_rope(d, r):
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal((3, 5, d), dtype=np.float32)
+    angles = rng.uniform(-50, 50, (3, r // 2)).astype(np.float32)
+    cos, sin = np.cos(np.concatenate([angles, angles], 1)), np.sin(np.concatenate([angles, angles], 1))
+    x64, c64, s64, half = x.astype(np.float64), cos[:, None].astype(np.float64), sin[:, None].astype(np.float64), r // 2
+    rotated = np.concatenate([-x64[..., half:r], x64[..., :half]], -1)   # rotate_half, written out
+    want = np.concatenate([x64[..., :r] * c64 + rotated * s64, x64[..., r:]], -1)
+    got = compiled.rope(x, cos, sin)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(layers.rope_rows(x, cos, sin), layers.apply_rope(x, cos[:, None], sin[:, None]), atol=1e-6)
+    assert got[..., r:].tobytes() == x[..., r:].tobytes()

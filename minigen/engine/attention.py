@@ -152,7 +152,8 @@ def decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, stop
                      scale: float | None, softcap: float | None) -> np.ndarray:
     """One query per head q (H, d) at position stop − 1 over the first `stop` keys and values of one cache's
     buffers, keys_t (KV, d, C) and values (KV, C, d): out (H, d), no weights kept. By numba's twin
-    (compiled.py) where numba is, without a soft-cap, up to TWIN_SCORES scores; else `causal_attention`."""
+    (compiled.py) once the kernels are loaded, without a soft-cap, up to TWIN_SCORES scores; else
+    `causal_attention`."""
     (H, d), KV = q.shape, keys_t.shape[0]
     lo = 0 if window is None else max(0, stop - window)                      # the first key it sees
     if softcap is None and H * (stop - lo) <= TWIN_SCORES and (twin := twins()) is not None:

@@ -1,17 +1,20 @@
-"""numba twins of two small steps of a decode step, which NumPy takes many calls for: the RMSNorm of a few
-rows, and one query per head attending over its KV cache. layers.rms_norm and attention.causal_attention
-stay the reference (and the path without numba, or with MINIGEN_KERNELS=0); the tests hold these to them.
+"""numba twins of the small steps of a decode step, which NumPy takes several calls each for: the RMSNorm of a
+few rows (layers.rms_norm_rows), RoPE (layers.rope_rows), the gated MLP's silu(gate) · up (layers.gated), and
+one query per head attending over its KV cache (attention.decode_attention). layers.py and attention.py stay
+the reference, and the path of a float32 model (which never loads numba), of one without numba or with
+MINIGEN_KERNELS=0: quant.matrix.twins hands these out once the kernels are loaded. tests/test_compiled.py
+holds them to the reference and to float64 arithmetic.
 
 Why: a decode step of SmolLM2-135M (the default model) spent ~8 ms of ~16 outside its weight products, in
 ~40 NumPy calls a layer of a few microseconds each. Alone, on the AMD Zen 3 here: RMSNorm of one row of 576,
 16-18 us in NumPy (six calls), ~3 us here; one query per head over 100 keys (9 heads of 64, 3 KV heads),
-45-55 us, 15 here; 12 heads of 128 over 160 keys (Qwen2.5-1.5B), 75-85 us, ~45.
+45-55 us, 15 here; 12 heads of 128 over 160 keys (Qwen2.5-1.5B), 75-100 us, 40-55.
 
-Both keep float32 and the reference's order of operations, except the order of the sums (a sequential
-sum where NumPy sums pairwise and OpenBLAS in its own blocks): their results equal the reference's to
-float32's rounding of a sum. The softmax's exponential is `exp_neg` below (Cephes' expf, within 1.5 ulp of
-e^x; NumPy's own float32 exp is within 3.5), written out so that LLVM vectorises it: a call to libm per
-score took most of a long cache's time.
+Each keeps float32 and the reference's operations, but for the order of the sums (sequential where NumPy
+sums pairwise and OpenBLAS in its own blocks) and fused multiply-adds: their results equal the reference's
+to float32's rounding. The exponential is `exp_neg` below (Cephes' expf, within 1.5 ulp of e^x; NumPy's
+own float32 exp is within 3.5), written out so that LLVM vectorises it: a call to libm per score took most
+of a long cache's time.
 """
 from __future__ import annotations
 
@@ -113,3 +116,38 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
             inv = F32(1) / total
             for i in range(d):
                 o[i] *= inv
+
+
+@njit(nogil=True, **JIT)
+def silu_gate(h):
+    """layers.gated's silu(gate) · up of rows h (N, 2F), gate then up: (N, F). silu(x) = x / (1 + e^−x), with
+    e = e^−|x| from exp_neg: x / (1 + e) for x >= 0, x·e / (e + 1) below (−0 where e^−x would overflow)."""
+    n, F = h.shape[0], h.shape[1] // 2
+    out = np.empty((n, F), F32)
+    for r in range(n):
+        for i in range(F):
+            x = h[r, i]
+            e = exp_neg(-abs(x))
+            out[r, i] = (x / (F32(1) + e) if x >= 0 else x * e / (e + F32(1))) * h[r, F + i]
+    return out
+
+
+@njit(nogil=True, **JIT)
+def rope(x, cos, sin):
+    """layers.apply_rope of rows x (N, M, d), M heads each, with their positions' cos and sin (N, r): the first
+    r dims of each head rotated in HF's half-split pairs (i, i + r/2), the rest passed through."""
+    n, m, d = x.shape
+    r = cos.shape[1]
+    half = r // 2
+    out = np.empty((n, m, d), F32)
+    for p in range(n):
+        c, s = cos[p], sin[p]
+        for h in range(m):
+            a, o = x[p, h], out[p, h]
+            for i in range(half):
+                o[i] = a[i] * c[i] - a[half + i] * s[i]
+            for i in range(half, r):
+                o[i] = a[i] * c[i] + a[i - half] * s[i]
+            for i in range(r, d):
+                o[i] = a[i]
+    return out

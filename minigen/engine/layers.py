@@ -31,14 +31,14 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """rms_norm, by its numba twin (compiled.py) for a few float32 rows (a decode step's, a batch's) where
-    numba is: the same numbers to float32's rounding of a sum, in ~3 us of NumPy's ~16 for one row."""
+    """rms_norm, by its numba twin (compiled.py) for a few float32 rows (a decode step's, a batch's) once the
+    kernels are loaded (quant.matrix.twins): the same numbers to float32's rounding, ~3 us of NumPy's ~16."""
     if x.ndim == 2 and len(x) <= TWIN_ROWS and x.dtype == w.dtype == np.float32 and (twin := twins()) is not None:
         return twin.rms_norm(np.ascontiguousarray(x), w, eps)
     return rms_norm(x, w, eps)
 
 
-TWIN_ROWS = 16   # rows up to which rms_norm_rows takes the twin; a prompt's (split over threads) stays in NumPy
+TWIN_ROWS = 16   # rows up to which the twins (rms_norm_rows, gated, rope_rows) serve; a prompt's stay in NumPy
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -111,8 +111,11 @@ def gated(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, fn, b_gate_up: n
     (D, F). The dense MLP of most families, each routed expert (moe.py) and a shared MLP beside them."""
     h = linear(x, gate_up, b_gate_up)                                        # (N, 2F)
     F = h.shape[1] // 2
-    g = fn(h[:, :F])                                                         # (N, F)
-    g *= h[:, F:]  # in place: one (N, F) temporary fewer on a long prompt
+    if fn is silu and len(h) <= TWIN_ROWS and h.dtype == np.float32 and (twin := twins()) is not None:
+        g = twin.silu_gate(h)                                                # (N, F), compiled.py
+    else:
+        g = fn(h[:, :F])                                                     # (N, F)
+        g *= h[:, F:]  # in place: one (N, F) temporary fewer on a long prompt
     return linear(g, down, b_down)                                           # (N, D)
 
 
@@ -190,6 +193,14 @@ def rope_tables(rope: Rope, positions: np.ndarray, length: int | None = None) ->
         cos *= np.float32(rope.attention_factor)
         sin *= np.float32(rope.attention_factor)
     return cos, sin
+
+
+def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """apply_rope of rows x (N, M, d), M heads at each row's position, cos and sin (N, r): by numba's twin
+    (compiled.py) for a few float32 rows once the kernels are loaded (~2 us of NumPy's ~10-20)."""
+    if len(x) <= TWIN_ROWS and x.dtype == cos.dtype == np.float32 and (twin := twins()) is not None:
+        return twin.rope(np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin))
+    return apply_rope(x, cos[:, None], sin[:, None])
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from . import gated_delta, parallel, short_conv, ssm
 from .cache import Both, KVCache, KVPool, PooledKV, StateCache
 from .config import Config
 from .hooks import Hooks
-from .layers import apply_rope, rms_norm, sigmoid
+from .layers import rms_norm, rope_rows, sigmoid
 from .linear import linear
 
 
@@ -148,7 +148,7 @@ def qkv_heads(x: np.ndarray, rope, p: dict, cfg: Config) -> tuple[np.ndarray, np
     qk = qk_norm(qkv[:, :(H + KV) * d], p, cfg).reshape(N, H + KV, d)        # (N, H + KV, d)
     if rope is not None:  # q and k heads rotate alike: one call for both
         cos, sin = rope[:2]
-        qk = apply_rope(qk, cos[:, None], sin[:, None])
+        qk = rope_rows(qk, cos, sin)                                       # (N, H + KV, d)
         if len(rope) > 2:  # Ministral 3: each position's queries x its scale (model.rope_tables_for)
             qk[:, :H] *= rope[2][:, None, None]
     v = qkv[:, (H + KV) * d:].reshape(N, KV, d)                              # (N, KV, d)

@@ -388,9 +388,10 @@ _modules: tuple = ()
 
 
 def twins():
-    """minigen.engine.compiled, numba's twins of rms_norm and a decode step's attention, or None (numba not
-    installed, or MINIGEN_KERNELS=0: the NumPy reference path). Imported on first use, as the kernels are."""
-    if not HAVE_KERNELS:
+    """minigen.engine.compiled, numba's twins of a decode step's small steps, once the kernels are loaded (a
+    stored matrix's first product); else None, the NumPy reference path: a float32 model never loads numba
+    (~60 MB, 0.3 s), nor does one without numba or with MINIGEN_KERNELS=0."""
+    if not HAVE_KERNELS or not _modules:
         return None
     from .. import compiled
     return compiled
