@@ -11,8 +11,17 @@ import minigen
 from minigen.engine import attention, compiled, layers
 from minigen.engine.attention import causal_attention, decode_attention
 from minigen.engine.cache import KVCache
+from minigen.engine.quant import matrix
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def kernels_loaded():
+    """The twins serve once a model's kernels are loaded (quant.matrix.twins), as a stored model's first product
+    loads them: load them here, whichever test ran before."""
+    matrix._compiled()
+    assert matrix.twins() is compiled
 
 
 def softmax_attention64(q, k, v, lo, scale):

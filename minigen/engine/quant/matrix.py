@@ -391,10 +391,16 @@ def twins():
     """minigen.engine.compiled, numba's twins of a decode step's small steps, once the kernels are loaded (a
     stored matrix's first product); else None, the NumPy reference path: a float32 model never loads numba
     (~60 MB, 0.3 s), nor does one without numba or with MINIGEN_KERNELS=0."""
+    global _twins
     if not HAVE_KERNELS or not _modules:
         return None
-    from .. import compiled
-    return compiled
+    if _twins is None:   # imported once: a decode step of SmolLM2 asks ~150 times
+        from .. import compiled
+        _twins = compiled
+    return _twins
+
+
+_twins = None
 
 
 def _compiled():
