@@ -171,3 +171,27 @@ def test_rope_rows_equals_apply_rope(d, r):
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(layers.rope_rows(x, cos, sin), layers.apply_rope(x, cos[:, None], sin[:, None]), atol=1e-6)
     assert got[..., r:].tobytes() == x[..., r:].tobytes()
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_a_pools_decode_step_takes_each_sequence_over_its_own_keys(window, monkeypatch):
+    """Five sequences in slots 4, 0, 2, 7, 5 of a pool of 8, large stale values past each one's length and in
+    the free slots: the twin (compiled.decode_pool) equals float64 attention of each sequence alone."""
+    rng = np.random.default_rng(4)
+    P, H, KV, d, C = 8, 6, 2, 8, 300
+    slots, lengths = np.array([4, 0, 2, 7, 5]), np.array([9, 1, 260, 4, 12])
+    keys_t = 1e3 * rng.standard_normal((P, KV, d, C)).astype(np.float32)
+    values = 1e3 * rng.standard_normal((P, KV, C, d)).astype(np.float32)
+    for s, n in zip(slots, lengths):
+        keys_t[s, :, :, :n] = rng.standard_normal((KV, d, n))
+        values[s, :, :n] = rng.standard_normal((KV, n, d))
+    q = rng.standard_normal((5, H, d)).astype(np.float32)
+    used = []
+    pool = compiled.decode_pool
+    monkeypatch.setattr(compiled, "decode_pool", lambda *a: used.append(1) or pool(*a))
+    out = attention.pooled_decode_attention(q, keys_t, values, slots, lengths, window)
+    assert used == [1]
+    for b, (s, n) in enumerate(zip(slots, lengths)):
+        lo = 0 if window is None else max(0, n - window)
+        want = softmax_attention64(q[b], keys_t[s, :, :, :n].transpose(0, 2, 1), values[s, :, :n], lo, 1 / np.sqrt(d))
+        np.testing.assert_allclose(out[b], want, atol=2e-6)

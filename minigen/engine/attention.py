@@ -297,8 +297,15 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     keys_t (P, KV, d, C), values (P, KV, C, d). One product over the slots slots.min()..slots.max()
     with every slot's scores cut at the longest length, each masked past its own (and outside its
     window); a free slot between them computes nothing anyone reads. The same formula as
-    `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d)."""
+    `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d).
+    By numba's twin (compiled.decode_pool) where decode_attention would take it."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
+    firsts = np.zeros(B, np.int64) if window is None else np.maximum(0, lengths - window).astype(np.int64)
+    if softcap is None and H * int((lengths - firsts).max()) <= TWIN_SCORES and (twin := twins()) is not None:
+        out = np.empty((B, H, d), np.float32)                                 # compiled.py, each over its own keys
+        twin.decode_pool(np.ascontiguousarray(q, np.float32), keys_t, values, slots.astype(np.int64), firsts,
+                         lengths.astype(np.int64), np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
+        return out
     lo, hi, S = int(slots.min()), int(slots.max()) + 1, int(lengths.max())
     rows = slots - lo
     in_order = B == hi - lo and bool((rows == np.arange(B)).all())           # every slot lo..hi-1, in order

@@ -151,3 +151,12 @@ def rope(x, cos, sin):
             for i in range(r, d):
                 o[i] = a[i]
     return out
+
+
+@njit(nogil=True, **JIT)
+def decode_pool(q, keys_t, values, slots, los, stops, scale, out):
+    """decode_attention for each of B sequences of a batch's pool (cache.KVPool), keys_t (P, KV, d, C) and values
+    (P, KV, C, d): sequence b's query heads q[b] (H, d) over keys los[b] .. stops[b] − 1 of slot slots[b], into
+    out[b]; each over its own length, where the pooled NumPy product pads every slot to the longest."""
+    for b in range(q.shape[0]):
+        decode_attention(q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
