@@ -11,8 +11,9 @@ CLI can catch a Ctrl-C (cli/__init__.py).
 """
 import os
 
-# Before NumPy loads OpenBLAS: its idle threads then spin ~1.5 ms after a call, not ~0.1 s (parallel.py).
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
+# Before NumPy loads OpenBLAS: its idle threads then spin 2^18 cycles (~0.1 ms) after a call, not ~0.1 s
+# (parallel.py).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 __all__ = ["load", "Model", "MinigenError", "generate", "stream", "generate_batch", "score"]
 _WHERE = {"load": "resolve", "Model": "engine.model", "MinigenError": "errors",

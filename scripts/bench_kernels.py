@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")   # as minigen/__init__.py sets it, before NumPy loads OpenBLAS
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")   # as minigen/__init__.py sets it, before NumPy loads OpenBLAS
 import numpy as np   # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -15,8 +15,13 @@ one other busy process; 1.4-1.6x faster on the idle machine).
 
 The two kinds of threads must not overlap. OpenBLAS's idle threads spin after each call, 2^28 cycles
 (~0.1 s) by default, on the cores our threads want: a prompt started right after a decode step ran at
-half speed. minigen/__init__.py sets OPENBLAS_THREAD_TIMEOUT=22 (~1.5 ms, still longer than the gaps
-between a decode step's products) unless set; OpenBLAS reads it once, when NumPy loads it.
+half speed. minigen/__init__.py sets OPENBLAS_THREAD_TIMEOUT=18 (2^18 cycles, ~0.1 ms, still longer than
+the gaps between a float32 decode step's products) unless set; OpenBLAS reads it once, when NumPy loads it.
+It was 22 (~1.5 ms) until a stored model's prompt showed the cost: each of its layers hands the cores from
+OpenBLAS (attention) to numba's kernels (the projections), and the helper's spin took a core from the
+kernel after it. A 128-token prompt of SmolLM2-135M Q4_1 (AMD Zen 3, 4 rounds alternating, one process
+per setting): 272-361 ms at 22, 221-255 at 16 and 224-250 at 18, the float32 model beside it 219-260
+at every setting, and its decode step 21.8-26.9 ms at each.
 
 OpenBLAS's thread count is set through its C API (`openblas_set_num_threads`), looked up with ctypes
 in the copy NumPy loaded. Without one (NumPy built on MKL or Accelerate, or OPENBLAS_NUM_THREADS=1)
