@@ -151,7 +151,7 @@ AVX2_ONLY = os.environ.get("MINIGEN_AVX2", "0").strip() == "1"
 # Intel Xeon here 16 lanes took the one-row products of 8960 x 1536 on one thread from 1.7 to 1.2-1.6 ms
 # (Q4_0, Q4_K) and 4.5 to 2.5-3.4 ms (Q6_K), as the same instructions each do twice the work
 LANES = 16 if FEATURES.get("avx512f") and not AVX2_ONLY else 8
-ZEN_AVX512 = binding.get_host_cpu_name().startswith("znver") and LANES == 16   # AMD Zen 4 or 5 (matrix.blas_rows)
+ZEN = binding.get_host_cpu_name().startswith("znver")   # AMD Zen 2-5, AVX2 or AVX-512 (matrix.blas_rows)
 PASS = 4 * LANES   # outputs per pass: 4 pieces, their 8 accumulators and scales in registers
 
 

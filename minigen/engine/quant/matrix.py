@@ -45,12 +45,15 @@ TILE, GROUP = 64, 32
 # 10.8 / 15.2 / 30.9. A 512-token prompt of Qwen2.5-Coder-0.5B Q4_K_M, whose halves of 256 rows took the kernel
 # with the switch at 512, took 1.55x the float32 model's time; at 256, 1.28x; at 128, 1.33x.
 BLAS_ROWS = 256
-# On AMD's AVX-512 cores (Zen 4, 5: kernels.ZEN_AVX512) the kernel is the faster at every count a forward pass
-# gives a product (at most parallel.ROWS = 512 rows a thread). 2026-12-03, AMD EPYC (LLVM: znver5), one
-# thread: 8960 x 1536 Q4_K at 128 / 256 / 512 rows, kernel 28 / 50 / 89 ms, this path 42 / 70 / 138; 1536 x
-# 8960 Q6_K 21 / 49 / 108 against 41 / 74 / 143. A 512-token prompt as stored against float32: SmolLM2 0.94x
-# with the switch at 256, 1.31x without; Qwen2.5-Coder-0.5B 0.88x, 1.28x (bench_stored.py --prompt-tokens 512).
-BLAS_ROWS_ZEN_AVX512 = 1024
+# On AMD's cores (kernels.ZEN) the kernel is as fast or faster at every count a forward pass gives a product (at
+# most parallel.ROWS = 512 rows a thread). 2026-12-03, AMD EPYC (LLVM: znver5, AVX-512), one thread: 8960 x 1536
+# Q4_K at 128 / 256 / 512 rows, kernel 28 / 50 / 89 ms, this path 42 / 70 / 138; 1536 x 8960 Q6_K 21 / 49 / 108
+# against 41 / 74 / 143. A 512-token prompt as stored against float32: SmolLM2 0.94x with the switch at 256,
+# 1.31x without; Qwen2.5-Coder-0.5B 0.88x, 1.28x (bench_stored.py --prompt-tokens 512). 2026-12-05, AMD EPYC Zen 3
+# (AVX2), a prompt of SmolLM2-135M in one process, the kernel / this path / the float32 model, tok/s (medians of
+# 8 rounds alternating): Q4_1 256 tokens 550 / 501 / 550, 512 tokens 586 / 549 / 601; the bfloat16 conversion
+# 486 / 463 / 533 and 566 / 534 / 588; 4096 tokens (Q4_1, 2 rounds) 311 / 309 / 327.
+BLAS_ROWS_ZEN = 1024
 CHUNK = 4096       # outputs dequantized at a time on that path (4096 x 1536 float32: 25 MB): few large GEMMs,
                    # as each OpenBLAS call pays its threads' wake-up, dear on a busy machine
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -381,7 +384,7 @@ def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
 
 def blas_rows() -> int:
     """From how many rows `times` goes through float32 chunks and OpenBLAS on this CPU (with the kernels)."""
-    return BLAS_ROWS_ZEN_AVX512 if _compiled()[0].ZEN_AVX512 else BLAS_ROWS
+    return BLAS_ROWS_ZEN if _compiled()[0].ZEN else BLAS_ROWS
 
 
 _modules: tuple = ()
