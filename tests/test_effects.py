@@ -287,10 +287,15 @@ def test_bad_arguments(args, words):
 @pytest.mark.parametrize("name", ["qwen3_5", "lfm2", "falcon_h1", "granitemoehybrid", "granitemoe"])
 def test_hybrid_and_expert_runs_resumed_together_equal_each_alone(name):
     """The same on hybrids (recurrent layers' states, one per run) and routed experts: every layer's
-    mixer and MLP ablated alone (effects.ablated_runs), against resume one run at a time."""
+    mixer and MLP ablated alone (effects.ablated_runs), against resume one run at a time. The two paths sum
+    in their own orders (one run's few rows go through the numba twins once any test loaded the kernels, a
+    batch's through NumPy), and Qwen3.5's fixture carries a last digit through its recurrence into ~2e-5 of a
+    row's scale (transformers' own float32 is 1.9e-4 from float64 on it): compared within 1e-4 of the scale,
+    the project's standard for logits. A run given another run's state or ablation is off by O(1)."""
     m = minigen.load(FIXTURES_DIR / name)[0]
     x, _ = layer_inputs(m, IDS)
     comps = every("attn", m.config) + every("mlp", m.config)
     for c, got in zip(*ablated_runs(m, x, comps, "mean")):
         want = resume(m, x[c.layer], c.layer, Intervention(changes_for([c], "mean")))
-        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5, err_msg=str(c))
+        scale = np.abs(want).max(axis=-1, keepdims=True)
+        assert (np.abs(got - want) <= 1e-4 * scale).all(), (str(c), (np.abs(got - want) / scale).max())
