@@ -15,7 +15,7 @@ from minigen.errors import MinigenError
 from quant_blocks import random_matrix
 
 TYPES = list(FORMATS)
-ROWS = [1, 2, 3, 5, 8, 16, 17, 32, 33, 70]
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 32, 33, 70]   # 2-8: rows in registers (kernels.times), 8, 4, 2, 1 at a time
 SHAPES = {"F32": (130, 96), "F16": (200, 100), "BF16": (65, 256)}   # float inputs need not be whole groups of 32
 
 
@@ -273,7 +273,7 @@ AVX2_CHECK = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_
               "rng = np.random.default_rng(5)\n"
               "for name in ('Q4_K', 'Q6_K', 'Q8_0', 'Q5_0', 'Q3_K', 'IQ4_XS', 'BF16'):\n"
               "    m = StoredMatrix.from_bytes(random_matrix(name, 80, 512, rng), name, (80, 512))\n"
-              "    for x in (rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((7, 512)).astype(np.float32)):\n"
+              "    for x in (rng.standard_normal((n, 512)).astype(np.float32) for n in (1, 2, 4, 7)):\n"
               "        w = m.dequantize()\n"
               "        scale = np.abs(x) @ np.abs(w).T\n"
               "        assert (np.abs(m.times_kernel(x) - x @ w.T) <= 1e-5 * scale).all(), name\n"

@@ -26,9 +26,16 @@ their two nibbles; 128 for Q6_K, a half block, whose three byte rows hold an inp
   the codes, made from the bytes in registers, are multiplied by x as they are, and each output's scale
   and offset applied once a unit, one multiply-add a weight fewer (Q4_K 1.6-1.7 -> 1.2 ms on the shape
   above);
-- for k rows, with dot=False it writes the unit's values w (unit, 64) into a buffer in L1 and
-  `_accumulate` adds x[:, unit] @ w to the (k, 64) accumulators, two rows at a time (a value loaded
-  once serves both rows); so a weight is read from memory and decoded once whatever k is.
+- for 2 to ROWS rows (a draft, a batch of streams), the values w are made in registers, 32 outputs a pass,
+  and multiplied by each row into that row's sums, also in registers (rows=2, 4 or 8: 8 rows' 16 sums, two
+  values and the scales fit AVX-512's 32 registers); a few rows more are decoded again for each 8, 4, 2;
+  on Zen 5, one thread against the buffer below, Q4_K 8960 x 1536 from memory: 2 rows 0.72-0.83x the time,
+  4 rows 0.76x, 8 rows 0.87x (Q8_0 0.71-0.82x); a whole forward of 8 tokens of Qwen2.5-Coder-1.5B Q4_K_M
+  112 -> 100 ms, where its 8-row products run at ~64 % of the two cores' FMA peak (exact products are FMA-bound
+  from ~3 rows on: 8 rows cannot cost less than ~2.5 times one row's memory-bound pass);
+- for more rows (a prompt), it writes the unit's values w (unit, 64) into a buffer in L1 and
+  `_accumulate` adds x[:, unit] @ w to the (k, 64) accumulators, four rows at a time (a value loaded
+  once serves them); so a weight is read from memory and decoded once whatever k is.
 Each value w is computed exactly as formats.py computes it (every product there is exact in float32,
 see its docstring), so `dequantize` here is bit-equal to formats.py. Accumulation is float32 FMAs in
 the order of the inputs (for one row, of x times the codes, then the scales), which is not OpenBLAS's
@@ -153,6 +160,12 @@ AVX2_ONLY = os.environ.get("MINIGEN_AVX2", "0").strip() == "1"
 LANES = 16 if FEATURES.get("avx512f") and not AVX2_ONLY else 8
 ZEN = binding.get_host_cpu_name().startswith("znver")   # AMD Zen 2-5, AVX2 or AVX-512 (matrix.blas_rows)
 PASS = 4 * LANES   # outputs per pass: 4 pieces, their 8 accumulators and scales in registers
+# A product of a few rows (a draft, a batch: 2 to ROWS) keeps each row's sums in registers, ROWS_PASS outputs a
+# pass (2 pieces: 8 rows' 16 accumulators, the values and the scales fit AVX-512's 32 registers), the values made
+# once and multiplied by every row; more rows go ROWS at a time, a prompt's through a buffer (_accumulate).
+ROWS = 8 if LANES == 16 else 4
+ROWS_PASS = 2 * LANES
+FEW = ROWS   # up to here a product's rows go in registers (times), with AVX2 an even count only
 
 
 def _vec(t, n=LANES):
@@ -269,19 +282,23 @@ class _Unit:
     """IR for one pass over one unit of one tile block: the pieces' byte rows, codes and scales, and
     where each value w of input l goes (`put`: a buffer row, or accumulated as x[l]·w)."""
 
-    def __init__(self, context, builder, argtypes, args, kind: str, dot: bool, pieces):
+    def __init__(self, context, builder, argtypes, args, kind: str, rows: int, pieces):
         self.b = b = builder
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
+        stride = lambda i: b.udiv(cgutils.unpack_tuple(b, arr(i).strides, 2)[0], ir.Constant(I64, 4))   # in floats
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
         self.u = args[1]
         self.pieces = pieces                          # first output of each piece
+        self.width = len(pieces) * LANES              # outputs in this pass
         self.x = b.bitcast(arr(2).data, FLOAT.as_pointer())
         self.xs = b.bitcast(arr(3).data, FLOAT.as_pointer())   # x's sums over each 16 inputs (sums16)
         self.x0 = args[4]
         self.out = b.bitcast(arr(5).data, FLOAT.as_pointer())
-        if not dot:   # out (inputs, 64): a unit's buffer, or its rows of dequantize's out_t; its row stride in floats
-            self.stride = b.udiv(cgutils.unpack_tuple(b, arr(5).strides, 2)[0], ir.Constant(I64, 4))
-        self.kind, self.dot = kind, dot
+        if rows != 1:   # out (inputs, 64): a unit's buffer, or its rows of dequantize's out_t; or (rows, 64) sums
+            self.stride = stride(5)
+        if rows > 1:    # x (rows, in)
+            self.x_stride = stride(2)
+        self.kind, self.rows, self.dot = kind, rows, rows == 1
         self.fma = b.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", (), ir.FunctionType(_vec(FLOAT), [_vec(FLOAT)] * 3))
 
     def start(self, part: int):
@@ -293,10 +310,12 @@ class _Unit:
         per_piece = [ir_scales(b, self.kind, lambda r, j=j: self.load(self.row_base(r, I8), j, I8), self.u, part)
                      for j in self.pieces]
         self.scales = [[p[k] for p in per_piece] for k in range(len(per_piece[0]))]
+        zero = lambda: cgutils.alloca_once_value(b, ir.Constant(_vec(FLOAT), [0.0] * LANES))
         if self.dot:
-            self.acc = [[cgutils.alloca_once_value(b, ir.Constant(_vec(FLOAT), [0.0] * LANES)) for _ in range(4)]
-                        for _ in self.pieces]
+            self.acc = [[zero() for _ in range(4)] for _ in self.pieces]
             self.forms = {}   # turn -> (scale, offset, plus) of its codes, as put() was given them
+        elif self.rows > 1:   # each row's sums of x · w, one per piece
+            self.sums = [[zero() for _ in self.pieces] for _ in range(self.rows)]
 
     def i64(self, v):
         return ir.Constant(I64, v) if isinstance(v, int) else v
@@ -329,31 +348,31 @@ class _Unit:
         ir_prefetch_share(self.b, self.base, self.kind, self.u, self.b.add(self.i64(step0), l), steps)
 
     def row_all(self, r):
-        """Row r of the block at the pass's PASS outputs, one <PASS x i8> (byte arithmetic on all pieces at once)."""
+        """Row r of the block at the pass's outputs, one <width x i8> (byte arithmetic on all pieces at once)."""
         return self.b.load(self.b.bitcast(self.b.gep(self.row_base(r, I8), [self.i64(self.pieces[0])]),
-                                          ir.VectorType(I8, PASS).as_pointer()), align=1)
+                                          ir.VectorType(I8, self.width).as_pointer()), align=1)
 
     def split(self, v):
-        """<PASS x i8> -> one <LANES x i8> per piece."""
+        """<width x i8> -> one <LANES x i8> per piece."""
         return [self.b.shuffle_vector(v, v, ir.Constant(_vec(I32), list(range(k * LANES, (k + 1) * LANES))))
                 for k in range(len(self.pieces))]
 
     def bytes(self, v):
-        """A constant <PASS x i8>."""
-        return ir.Constant(ir.VectorType(I8, PASS), [v] * PASS)
+        """A constant <width x i8>."""
+        return ir.Constant(ir.VectorType(I8, self.width), [v] * self.width)
 
     def nibbles(self, v):
-        """The low and high nibbles of <PASS x i8> bytes, each <PASS x i8>."""
+        """The low and high nibbles of <width x i8> bytes, each <width x i8>."""
         return self.b.and_(v, self.bytes(15)), self.b.lshr(v, self.bytes(4))
 
     def fifth_bit(self, v, bit):
-        """16 where bit `bit` (an IR i64) of a byte of <PASS x i8> is set, else 0: a fifth bit in place."""
+        """16 where bit `bit` (an IR i64) of a byte of <width x i8> is set, else 0: a fifth bit in place."""
         b = self.b
-        mask = ir_splat(b, b.trunc(b.shl(self.i64(1), bit), I8), I8, PASS)
+        mask = ir_splat(b, b.trunc(b.shl(self.i64(1), bit), I8), I8, self.width)
         return b.select(b.icmp_unsigned("!=", b.and_(v, mask), self.bytes(0)), self.bytes(16), self.bytes(0))
 
     def floats(self, codes):
-        """<PASS x i8> unsigned codes -> one <LANES x float> per piece (exact)."""
+        """<width x i8> unsigned codes -> one <LANES x float> per piece (exact)."""
         return [self.float(self.b.zext(v, _vec(I32))) for v in self.split(codes)]
 
     def splat(self, value, t):
@@ -388,17 +407,28 @@ class _Unit:
             for c, acc in zip(codes, self.acc):
                 b.store(b.call(self.fma, [x, c, b.load(acc[turn])]), acc[turn])
             return
-        for piece, (j, c) in enumerate(zip(self.pieces, codes)):
-            if scale is None:
-                w = c
-            elif offset is None:
-                w = b.fmul(scale[piece], c)
-            elif isinstance(offset, int):
-                w = b.fmul(scale[piece], b.fsub(c, _splat_const(FLOAT, float(offset))))
-            else:
-                w = b.call(self.fma, [scale[piece], c, offset[piece] if plus else b.fneg(offset[piece])])
+        ws = [self.value(piece, c, scale, offset, plus) for piece, c in enumerate(codes)]
+        if self.rows > 1:   # each row's x[l] times the values, in registers
+            for r, sums in enumerate(self.sums):
+                at = b.add(b.mul(self.i64(r), self.x_stride), b.add(self.x0, l))
+                x = self.splat(b.load(b.gep(self.x, [at])), FLOAT)
+                for w, total in zip(ws, sums):
+                    b.store(b.call(self.fma, [x, w, b.load(total)]), total)
+            return
+        for j, w in zip(self.pieces, ws):
             at = b.gep(self.out, [self.add(b.mul(self.i64(l), self.stride), j)])
             b.store(w, b.bitcast(at, _vec(FLOAT).as_pointer()), align=4)
+
+    def value(self, piece: int, c, scale, offset, plus: bool):
+        """A piece's weights w from its codes c, as put() says, exactly as formats.py computes them."""
+        b = self.b
+        if scale is None:
+            return c
+        if offset is None:
+            return b.fmul(scale[piece], c)
+        if isinstance(offset, int):
+            return b.fmul(scale[piece], b.fsub(c, _splat_const(FLOAT, float(offset))))
+        return b.call(self.fma, [scale[piece], c, offset[piece] if plus else b.fneg(offset[piece])])
 
     def x_sum(self, start: int, n: int):
         """The sum of x over the unit's inputs start ... start + n - 1 (n: 16 or 32), from sums16."""
@@ -410,10 +440,16 @@ class _Unit:
         return total
 
     def finish(self):
-        """out += each turn's sum(x w), from its accumulators (put's factored form)."""
+        """out += each turn's sum(x w), from its accumulators (put's factored form), or each row's sums."""
+        b = self.b
+        if self.rows > 1:
+            for r, sums in enumerate(self.sums):
+                for j, total in zip(self.pieces, sums):
+                    at = b.bitcast(b.gep(self.out, [self.add(b.mul(self.i64(r), self.stride), j)]), _vec(FLOAT).as_pointer())
+                    b.store(b.fadd(b.load(at, align=4), b.load(total)), at, align=4)
+            return
         if not self.dot:
             return
-        b = self.b
         for piece, (j, acc) in enumerate(zip(self.pieces, self.acc)):
             at = b.bitcast(b.gep(self.out, [ir.Constant(I64, j)]), _vec(FLOAT).as_pointer())
             total = b.load(at, align=4)
@@ -435,18 +471,22 @@ class _Unit:
 
 
 def _kernel(kind: str, emit, count: int, doc: str, parts: int = 1):
-    """The intrinsic of one type, signature (dot, blk, u, x, xs, x0, out) with `dot` a literal bool (store the
-    unit's values into out, or accumulate x · them into it): for each pass of PASS outputs and each of the
-    unit's `parts`, their scales (ir_scales), then a loop of `count` steps, each emit(unit, l) for l = its
-    index (an IR i64; unit.part says which part)."""
+    """The intrinsic of one type, signature (rows, blk, u, x, xs, x0, out) with `rows` a literal int: 0, store
+    the unit's values into out (inputs, 64); 1, add x · them to out (64,) (put's factored form); 2 ... ROWS,
+    add x[r] · them to out[r] (rows, 64) for each row r of x (rows, in). For each pass of PASS outputs
+    (ROWS_PASS with rows > 1: their sums stay in registers) and each of the unit's `parts`, their scales
+    (ir_scales), then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64; unit.part
+    says which part)."""
     @intrinsic
-    def fn(typingctx, dot, blk, u, x, xs, x0, out):
-        if not isinstance(dot, types.BooleanLiteral):
-            raise RequireLiteralValue("dot")   # numba types the call again with its literal value
+    def fn(typingctx, rows, blk, u, x, xs, x0, out):
+        if not isinstance(rows, types.IntegerLiteral):
+            raise RequireLiteralValue("rows")   # numba types the call again with its literal value
 
         def codegen(context, builder, sig, args):
-            for first in range(0, TILE, PASS):
-                unit = _Unit(context, builder, sig.args[1:], args[1:], kind, dot.literal_value, range(first, first + PASS, LANES))
+            n = rows.literal_value
+            width = ROWS_PASS if n > 1 else PASS
+            for first in range(0, TILE, width):
+                unit = _Unit(context, builder, sig.args[1:], args[1:], kind, n, range(first, first + width, LANES))
                 for part in range(parts):
                     unit.start(part)
                     with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
@@ -455,7 +495,7 @@ def _kernel(kind: str, emit, count: int, doc: str, parts: int = 1):
                             unit.prefetch(part * count, loop.index, count * parts)
                     unit.finish()
             return context.get_dummy_value()
-        return types.none(dot, blk, u, x, xs, x0, out), codegen
+        return types.none(rows, blk, u, x, xs, x0, out), codegen
     fn.__doc__ = doc
     return fn
 
@@ -585,40 +625,40 @@ _iq4_xs = _kernel("IQ4_XS", lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, 
 
 
 @njit(**JIT)
-def _unit(kind, dot, blk, u, x, xs, x0, out):
-    """Unit u of a tile block: its values into out (unit, 64), or (dot) x[x0:] · them added to out (64,)."""
+def _unit(kind, rows, blk, u, x, xs, x0, out):
+    """Unit u of a tile block: its values into out (unit, 64), or x[x0:] · them added to out (_kernel's `rows`)."""
     if kind == 0:
-        _f32(dot, blk, u, x, xs, x0, out)
+        _f32(rows, blk, u, x, xs, x0, out)
     elif kind == 1:
-        _f16(dot, blk, u, x, xs, x0, out)
+        _f16(rows, blk, u, x, xs, x0, out)
     elif kind == 2:
-        _bf16(dot, blk, u, x, xs, x0, out)
+        _bf16(rows, blk, u, x, xs, x0, out)
     elif kind == 3:
-        _q4_0(dot, blk, u, x, xs, x0, out)
+        _q4_0(rows, blk, u, x, xs, x0, out)
     elif kind == 4:
-        _q4_1(dot, blk, u, x, xs, x0, out)
+        _q4_1(rows, blk, u, x, xs, x0, out)
     elif kind == 5:
-        _q5_0(dot, blk, u, x, xs, x0, out)
+        _q5_0(rows, blk, u, x, xs, x0, out)
     elif kind == 6:
-        _q5_1(dot, blk, u, x, xs, x0, out)
+        _q5_1(rows, blk, u, x, xs, x0, out)
     elif kind == 7:
-        _q8_0(dot, blk, u, x, xs, x0, out)
+        _q8_0(rows, blk, u, x, xs, x0, out)
     elif kind == 8:
-        _q4_k(dot, blk, u, x, xs, x0, out)
+        _q4_k(rows, blk, u, x, xs, x0, out)
     elif kind == 9:
-        _q5_k(dot, blk, u, x, xs, x0, out)
+        _q5_k(rows, blk, u, x, xs, x0, out)
     elif kind == 10:
-        _q6_k(dot, blk, u, x, xs, x0, out)
+        _q6_k(rows, blk, u, x, xs, x0, out)
     elif kind == 11:
-        _q8_k(dot, blk, u, x, xs, x0, out)
+        _q8_k(rows, blk, u, x, xs, x0, out)
     elif kind == 12:
-        _q2_k(dot, blk, u, x, xs, x0, out)
+        _q2_k(rows, blk, u, x, xs, x0, out)
     elif kind == 13:
-        _q3_k(dot, blk, u, x, xs, x0, out)
+        _q3_k(rows, blk, u, x, xs, x0, out)
     elif kind == 14:
-        _iq4_nl(dot, blk, u, x, xs, x0, out)
+        _iq4_nl(rows, blk, u, x, xs, x0, out)
     else:
-        _iq4_xs(dot, blk, u, x, xs, x0, out)
+        _iq4_xs(rows, blk, u, x, xs, x0, out)
 
 
 # --- the product ------------------------------------------------------------------------------------------
@@ -699,21 +739,37 @@ def sums16(x):
 @njit(parallel=True, **JIT)
 def times(kind, tiles, units, unit_in, x, out):
     """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
-    blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding)."""
+    blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding).
+    One row: the factored form (_Unit.put); up to FEW rows: ROWS, 4 or 2 at a time with their sums in
+    registers (an odd last row as one row: with AVX2, whose 8 lanes make decoding dearer, an odd count
+    goes the third way); more: the unit's values through a buffer, read by _accumulate."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     k = x.shape[0]
     y = np.empty((k, out), F32)
-    xs = sums16(x[0]) if k == 1 else np.empty(1, F32)
+    few = k <= FEW and (LANES == 16 or k % 2 == 0)
+    last = k - 1 if few and k % 2 == 1 else -1   # the row multiplied alone
+    xs = sums16(x[last]) if last >= 0 else np.empty(1, F32)
     for t in prange(n_tiles):
         acc = np.zeros((k, TILE), F32)
         w = np.empty((MOST, TILE), F32)
         for b in range(n_blocks):
             for u in range(units):
                 i0 = unit_in * (units * b + u)
-                if k == 1:
-                    _unit(kind, True, tiles[t, b], u, x[0], xs, i0, acc[0])
+                if few:
+                    n0 = 0
+                    while k - n0 >= ROWS:
+                        _unit(kind, ROWS, tiles[t, b], u, x[n0:n0 + ROWS], xs, i0, acc[n0:n0 + ROWS])
+                        n0 += ROWS
+                    if ROWS > 4 and k - n0 >= 4:
+                        _unit(kind, 4, tiles[t, b], u, x[n0:n0 + 4], xs, i0, acc[n0:n0 + 4])
+                        n0 += 4
+                    if k - n0 >= 2:
+                        _unit(kind, 2, tiles[t, b], u, x[n0:n0 + 2], xs, i0, acc[n0:n0 + 2])
+                        n0 += 2
+                    if last >= 0:
+                        _unit(kind, 1, tiles[t, b], u, x[last], xs, i0, acc[last])
                 else:
-                    _unit(kind, False, tiles[t, b], u, x[0], xs, i0, w)
+                    _unit(kind, 0, tiles[t, b], u, x[0], xs, i0, w)
                     _accumulate(acc, x, i0, w, unit_in)
         for n in range(k):
             for j in range(min(TILE, out - TILE * t)):
@@ -734,7 +790,7 @@ def dequantize(kind, tiles, units, unit_in, out_t):
         for b in range(n_blocks):
             for u in range(units):
                 i0 = unit_in * (units * b + u)
-                _unit(kind, False, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
+                _unit(kind, 0, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
 
 
 _mine = threading.local()   # .n: numba's thread count on this thread, as threads() last set it
