@@ -64,9 +64,13 @@ def test_decode_attention_equals_float64_and_the_numpy_path(H, KV, d, S, window)
     numpy_path = causal_attention(q[:, None], k, v, S - 1, window)[0][:, 0]
     np.testing.assert_allclose(out, numpy_path, atol=1e-5)
     assert decode_attention(q, keys_t, values, S, window, None, None).tobytes() == out.tobytes()
+    for threads in (1, 2, 3):   # parts of the keys on numba's threads (1-3 parts per KV head), joined
+        split = np.empty((H, d), np.float32)
+        compiled.decode_attention_split(q, keys_t, values, lo, S, np.float32(1 / np.sqrt(d)), threads, split)
+        np.testing.assert_allclose(split, want, atol=2e-6, err_msg=f"{threads} threads")
 
 
-def test_decode_attention_takes_the_given_scale_and_leaves_soft_caps_and_long_caches_to_numpy(monkeypatch):
+def test_decode_attention_takes_the_given_scale_leaves_soft_caps_to_numpy_and_splits_long_caches(monkeypatch):
     rng = np.random.default_rng(1)
     keys_t, values = cache_of(rng, 2, 32, 50, 64)
     q = rng.standard_normal((4, 32), dtype=np.float32)
@@ -77,11 +81,17 @@ def test_decode_attention_takes_the_given_scale_and_leaves_soft_caps_and_long_ca
     monkeypatch.setattr(compiled, "decode_attention", lambda *a: calls.append(a))
     capped = decode_attention(q, keys_t, values, 50, None, None, 30.0)        # Gemma 2: NumPy's causal_attention
     np.testing.assert_allclose(capped, causal_attention(q[:, None], k, v, 49, softcap=30.0)[0][:, 0], atol=0)
+    split = []
+    monkeypatch.setattr(compiled, "decode_attention_split", lambda *a: split.append(a))
     monkeypatch.setattr(attention, "TWIN_SCORES", 4 * 49)
-    decode_attention(q, keys_t, values, 50, None, None, None)               # 4 x 50 scores: past the limit
-    assert calls == []
-    decode_attention(q, keys_t, values, 50, 49, None, None)                 # 4 x 49 in the window: the twin
+    monkeypatch.setattr(compiled, "thread_count", lambda: 2)
+    decode_attention(q, keys_t, values, 50, None, None, None)               # 4 x 50 scores: past the limit,
+    assert calls == [] and len(split) == 1 and split[0][-2] == 2            # on numba's two threads
+    decode_attention(q, keys_t, values, 50, 49, None, None)                 # 4 x 49 in the window: one thread
     assert len(calls) == 1
+    monkeypatch.setattr(compiled, "thread_count", lambda: 1)                 # a busy machine's step: one thread
+    decode_attention(q, keys_t, values, 50, None, None, None)
+    assert len(calls) == 2 and len(split) == 1
 
 
 def test_a_cache_decode_step_attends_over_its_buffers_as_causal_attention_does():
@@ -187,11 +197,15 @@ def test_a_pools_decode_step_takes_each_sequence_over_its_own_keys(window, monke
         values[s, :, :n] = rng.standard_normal((KV, n, d))
     q = rng.standard_normal((5, H, d)).astype(np.float32)
     used = []
-    pool = compiled.decode_pool
-    monkeypatch.setattr(compiled, "decode_pool", lambda *a: used.append(1) or pool(*a))
-    out = attention.pooled_decode_attention(q, keys_t, values, slots, lengths, window)
-    assert used == [1]
-    for b, (s, n) in enumerate(zip(slots, lengths)):
-        lo = 0 if window is None else max(0, n - window)
-        want = softmax_attention64(q[b], keys_t[s, :, :, :n].transpose(0, 2, 1), values[s, :, :n], lo, 1 / np.sqrt(d))
-        np.testing.assert_allclose(out[b], want, atol=2e-6)
+    for name in ("decode_pool", "decode_pool_split"):
+        pool = getattr(compiled, name)
+        monkeypatch.setattr(compiled, name, lambda *a, name=name, pool=pool: used.append(name) or pool(*a))
+    monkeypatch.setattr(compiled, "thread_count", lambda: 2)
+    for limit in (attention.TWIN_SCORES, 10):   # the sequences on one thread, or (past 10 scores in all) on two
+        monkeypatch.setattr(attention, "TWIN_SCORES", limit)
+        out = attention.pooled_decode_attention(q, keys_t, values, slots, lengths, window)
+        for b, (s, n) in enumerate(zip(slots, lengths)):
+            lo = 0 if window is None else max(0, n - window)
+            want = softmax_attention64(q[b], keys_t[s, :, :, :n].transpose(0, 2, 1), values[s, :, :n], lo, 1 / np.sqrt(d))
+            np.testing.assert_allclose(out[b], want, atol=2e-6)
+    assert used == ["decode_pool", "decode_pool_split"]

@@ -152,21 +152,26 @@ def decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, stop
                      scale: float | None, softcap: float | None) -> np.ndarray:
     """One query per head q (H, d) at position stop − 1 over the first `stop` keys and values of one cache's
     buffers, keys_t (KV, d, C) and values (KV, C, d): out (H, d), no weights kept. By numba's twin
-    (compiled.py) once the kernels are loaded, without a soft-cap, up to TWIN_SCORES scores; else
-    `causal_attention`."""
+    (compiled.py) once the kernels are loaded, without a soft-cap (past TWIN_SCORES scores on numba's
+    threads, where they are free); else `causal_attention`."""
     (H, d), KV = q.shape, keys_t.shape[0]
     lo = 0 if window is None else max(0, stop - window)                      # the first key it sees
-    if softcap is None and H * (stop - lo) <= TWIN_SCORES and (twin := twins()) is not None:
-        out = np.empty((H, d), np.float32)
-        twin.decode_attention(np.ascontiguousarray(q, np.float32), keys_t, values, lo, stop,
-                              np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
+    if softcap is None and (twin := twins()) is not None:
+        out, q = np.empty((H, d), np.float32), np.ascontiguousarray(q, np.float32)
+        factor = np.float32(1.0 / math.sqrt(d) if scale is None else scale)
+        if H * (stop - lo) <= TWIN_SCORES or (threads := twin.thread_count()) == 1:
+            twin.decode_attention(q, keys_t, values, lo, stop, factor, out)
+        else:
+            twin.decode_attention_split(q, keys_t, values, lo, stop, factor, threads, out)
         return out
     k, v = keys_t[:, :, :stop].transpose(0, 2, 1), values[:, :stop]          # (KV, S, d) x2
     return causal_attention(q[:, None], k, v, stop - 1, window, False, scale, softcap)[0][:, 0]
 
 
-# scores (heads x keys) up to which a decode step's attention is compiled: beyond, NumPy's BLAS calls are as fast
-# (AMD Zen 3, one query: 9 heads of 64 over 1,000 keys 125 us against 170; 12 of 128 over 2,000, 600 against 520-650)
+# scores (heads x keys) up to which a decode step's attention runs on the calling thread (compiled.decode_attention);
+# beyond, split over numba's threads (decode_attention_split). One thread was as fast as NumPy's one-thread BLAS
+# there (AMD Zen 3, one query: 9 heads of 64 over 1,000 keys 125 us against 170; 12 of 128 over 2,000, 600 against
+# 520-650); two, on Zen 5: 12 of 128 over 4,096 keys 806 -> 519 us (NumPy 844), 9 of 64 411 -> 235 (371).
 TWIN_SCORES = 16384
 
 
@@ -298,13 +303,16 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     with every slot's scores cut at the longest length, each masked past its own (and outside its
     window); a free slot between them computes nothing anyone reads. The same formula as
     `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d).
-    By numba's twin (compiled.decode_pool) where decode_attention would take it."""
+    By numba's twins (compiled.decode_pool, on numba's threads past TWIN_SCORES scores in all) where
+    decode_attention would take them."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
     firsts = np.zeros(B, np.int64) if window is None else np.maximum(0, lengths - window).astype(np.int64)
-    if softcap is None and H * int((lengths - firsts).max()) <= TWIN_SCORES and (twin := twins()) is not None:
-        out = np.empty((B, H, d), np.float32)                                 # compiled.py, each over its own keys
-        twin.decode_pool(np.ascontiguousarray(q, np.float32), keys_t, values, slots.astype(np.int64), firsts,
-                         lengths.astype(np.int64), np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
+    if softcap is None and (twin := twins()) is not None:                    # compiled.py, each over its own keys
+        out = np.empty((B, H, d), np.float32)
+        pool = twin.decode_pool if H * int((lengths - firsts).sum()) <= TWIN_SCORES or twin.thread_count() == 1 \
+            or B == 1 else twin.decode_pool_split
+        pool(np.ascontiguousarray(q, np.float32), keys_t, values, slots.astype(np.int64), firsts,
+             lengths.astype(np.int64), np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
         return out
     lo, hi, S = int(slots.min()), int(slots.max()) + 1, int(lengths.max())
     rows = slots - lo

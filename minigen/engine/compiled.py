@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .quant.kernels import JIT
+from .quant.kernels import JIT, thread_count  # noqa: F401  (thread_count: for attention.py)
 
 F32 = np.float32
 KEYS = 256   # keys per pass of q · Kᵀ: G x 256 scores (6 KB for G = 6) stay in L1 over the d rows of K
@@ -79,43 +79,90 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
     together, each key row and value row loaded once for all of them."""
     H, d = q.shape
     KV = keys_t.shape[0]
-    G, n = H // KV, stop - lo
-    scores = np.empty((G, n), F32)
+    G = H // KV
+    top, total = np.empty(G, F32), np.empty(G, F32)
     for kv in range(KV):
-        scores[:] = 0
-        for j0 in range(0, n, KEYS):   # the G heads' scores of KEYS keys stay in L1 over the d rows
-            j1 = min(n, j0 + KEYS)
-            for i in range(d):
-                row = keys_t[kv, i, lo + j0:lo + j1]
-                for g in range(G):
-                    qi = q[kv * G + g, i] * scale
-                    s = scores[g, j0:j1]
-                    for j in range(j1 - j0):
-                        s[j] += qi * row[j]
+        o = out[kv * G:(kv + 1) * G]
+        attend_part(q, keys_t, values, kv, lo, stop, scale, o, top, total)
         for g in range(G):
-            s = scores[g]
-            top = s[0]
-            for j in range(n):
-                top = max(top, s[j])
-            for j in range(n):
-                s[j] = exp_neg(s[j] - top)
+            inv = F32(1) / total[g]
+            for i in range(d):
+                o[g, i] *= inv
+
+
+@njit(parallel=True, nogil=True, **JIT)
+def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
+    """decode_attention on numba's threads (a long cache: a decode step after 4,096 tokens of Qwen2.5-1.5B reads
+    235 MB of keys and values, ~1 ms a layer on one thread), each task one KV head's G heads over a part of the
+    keys (`attend_part`), the parts joined as flash-decoding joins them: out = sum_p e^(m_p − M) o_p / sum_p
+    e^(m_p − M) z_p, for each part's max m_p, sum z_p and unnormalised output o_p. Parts: one per KV head when
+    the `threads` (numba's, as many as this call runs on) divide the KV heads, else as many as threads per KV
+    head."""
+    H, d = q.shape
+    KV = keys_t.shape[0]
+    G, n = H // KV, stop - lo
+    P = 1 if KV % threads == 0 else min(threads, n)
+    parts = np.empty((KV, P, G, d), F32)
+    tops, totals = np.empty((KV, P, G), F32), np.empty((KV, P, G), F32)
+    for task in prange(KV * P):
+        kv, p = task // P, task % P
+        attend_part(q, keys_t, values, kv, lo + n * p // P, lo + n * (p + 1) // P, scale, parts[kv, p],
+                    tops[kv, p], totals[kv, p])
+    for kv in range(KV):
+        for g in range(G):
+            top = tops[kv, 0, g]
+            for p in range(1, P):
+                top = max(top, tops[kv, p, g])
             o = out[kv * G + g]
             o[:] = 0
-        for j in range(n):
-            v = values[kv, lo + j]
-            for g in range(G):
-                p = scores[g, j]
-                o = out[kv * G + g]
-                for i in range(d):
-                    o[i] += p * v[i]
-        for g in range(G):
             total = F32(0)
-            for j in range(n):
-                total += scores[g, j]
-            o = out[kv * G + g]
+            for p in range(P):
+                f = exp_neg(tops[kv, p, g] - top)
+                total += f * totals[kv, p, g]
+                for i in range(d):
+                    o[i] += f * parts[kv, p, g, i]
             inv = F32(1) / total
             for i in range(d):
                 o[i] *= inv
+
+
+@njit(inline="always", nogil=True, **JIT)
+def attend_part(q, keys_t, values, kv, a, b, scale, o, top, total):
+    """KV head kv's G query heads over keys a .. b − 1 (a < b): o (G, d) = sum_j e^(s_j − top) v_j, unnormalised,
+    with top (G,) each head's largest score s_j = scale · q · k_j and total (G,) its sum_j e^(s_j − top)."""
+    d = q.shape[1]
+    G, n = o.shape[0], b - a
+    scores = np.zeros((G, n), F32)
+    for j0 in range(0, n, KEYS):   # the G heads' scores of KEYS keys stay in L1 over the d rows
+        j1 = min(n, j0 + KEYS)
+        for i in range(d):
+            row = keys_t[kv, i, a + j0:a + j1]
+            for g in range(G):
+                qi = q[kv * G + g, i] * scale
+                s = scores[g, j0:j1]
+                for j in range(j1 - j0):
+                    s[j] += qi * row[j]
+    for g in range(G):
+        s = scores[g]
+        m = s[0]
+        for j in range(n):
+            m = max(m, s[j])
+        for j in range(n):
+            s[j] = exp_neg(s[j] - m)
+        top[g] = m
+        o[g, :] = 0
+    for j in range(n):
+        v = values[kv, a + j]
+        for g in range(G):
+            p = scores[g, j]
+            og = o[g]
+            for i in range(d):
+                og[i] += p * v[i]
+    for g in range(G):
+        z = F32(0)
+        for j in range(n):
+            z += scores[g, j]
+        total[g] = z
 
 
 @njit(nogil=True, **JIT)
@@ -159,4 +206,11 @@ def decode_pool(q, keys_t, values, slots, los, stops, scale, out):
     (P, KV, C, d): sequence b's query heads q[b] (H, d) over keys los[b] .. stops[b] − 1 of slot slots[b], into
     out[b]; each over its own length, where the pooled NumPy product pads every slot to the longest."""
     for b in range(q.shape[0]):
+        decode_attention(q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
+
+
+@njit(parallel=True, nogil=True, **JIT)
+def decode_pool_split(q, keys_t, values, slots, los, stops, scale, out):
+    """decode_pool with the sequences shared among numba's threads."""
+    for b in prange(q.shape[0]):
         decode_attention(q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])

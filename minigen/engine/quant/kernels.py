@@ -800,12 +800,13 @@ def threads(n: int | None):
     """A context in which numba's parallel regions on this thread use n threads (None: as they do). Cheap
     where n is the count already (a decode step inside parallel.step_alone asks for 1 ~120 times: numba's
     get and set took ~9 us a product, as long as a small matrix's product)."""
-    if n is None or min(n, numba.config.NUMBA_NUM_THREADS) == _count():
+    if n is None or min(n, numba.config.NUMBA_NUM_THREADS) == thread_count():
         return nullcontext()
     return _threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
-def _count() -> int:
+def thread_count() -> int:
+    """How many of numba's threads a parallel region on this thread uses (as threads() last set it)."""
     if getattr(_mine, "n", None) is None:
         _mine.n = numba.get_num_threads()
     return _mine.n
@@ -813,7 +814,7 @@ def _count() -> int:
 
 @contextmanager
 def _threads(n: int):
-    before = _count()
+    before = thread_count()
     numba.set_num_threads(n)
     _mine.n = n
     try:
