@@ -37,8 +37,10 @@ def softmax_attention64(q, k, v, lo, scale):
 
 
 def cache_of(rng, KV, d, S, capacity):
-    keys_t = np.empty((KV, d, capacity), np.float32)
-    values = np.empty((KV, capacity, d), np.float32)
+    """Buffers of `capacity` positions, the first S filled; NaN past them (the twins read whole blocks of keys
+    past the last, whose scores nothing may use)."""
+    keys_t = np.full((KV, d, capacity), np.nan, np.float32)
+    values = np.full((KV, capacity, d), np.nan, np.float32)
     keys_t[:, :, :S] = rng.standard_normal((KV, d, S), dtype=np.float32)
     values[:, :S] = rng.standard_normal((KV, S, d), dtype=np.float32)
     return keys_t, values
@@ -50,6 +52,8 @@ def cache_of(rng, KV, d, S, capacity):
     (12, 2, 128, 257, None),    # Qwen2.5-1.5B's, one key past a block of KEYS
     (6, 2, 80, 700, 300),       # a sliding window: keys 400.. only
     (8, 1, 32, 513, 513),       # one KV head for all, a window as long as the cache
+    (14, 2, 80, 70, None),      # a head of 64 + 16 outputs, 64 + 6 keys (the last block of 16 runs past them)
+    (4, 2, 72, 131, 100),       # 64 + 8 outputs, a window starting mid-block
 ])
 def test_decode_attention_equals_float64_and_the_numpy_path(H, KV, d, S, window):
     rng = np.random.default_rng(S)

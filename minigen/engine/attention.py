@@ -169,10 +169,11 @@ def decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, stop
 
 
 # scores (heads x keys) up to which a decode step's attention runs on the calling thread (compiled.decode_attention);
-# beyond, split over numba's threads (decode_attention_split). One thread was as fast as NumPy's one-thread BLAS
-# there (AMD Zen 3, one query: 9 heads of 64 over 1,000 keys 125 us against 170; 12 of 128 over 2,000, 600 against
-# 520-650); two, on Zen 5: 12 of 128 over 4,096 keys 806 -> 519 us (NumPy 844), 9 of 64 411 -> 235 (371).
-TWIN_SCORES = 16384
+# beyond, split over numba's threads (decode_attention_split), whose start costs ~15 us. A decode step in the model
+# (Zen 5, one process, the ways taking turns), ms: SmolLM2-135M after 1,024 / 2,048 / 4,096 tokens 7.8 / 11.9 / 20.0
+# on one thread, 7.5 / 9.8 / 15.5 split (NumPy's one-thread BLAS 8.4 / 14.3 / 25.0); Qwen2.5-1.5B Q4_K_M 41.9 / 41.5
+# / 63.5, 39.8 / 36.0 / 51.9 (48.6 / 48.1 / 79.3).
+TWIN_SCORES = 8192
 
 
 def causal_weights(q: np.ndarray, k: np.ndarray, offset: int, window: int | None = None,

@@ -10,6 +10,10 @@ Why: a decode step of SmolLM2-135M (the default model) spent ~8 ms of ~16 outsid
 16-18 us in NumPy (six calls), ~3 us here; one query per head over 100 keys (9 heads of 64, 3 KV heads),
 45-55 us, 15 here; 12 heads of 128 over 160 keys (Qwen2.5-1.5B), 75-100 us, 40-55.
 
+The attention (compiled.decode_attention) was first written as plain loops that LLVM left mostly scalar; its
+steps now keep a block's sums in vector registers (see KEYS below): one thread, Zen 5, 9 heads of 64 over 1,024
+keys 99 -> 47 us, 12 of 128 over 4,096 806 -> 485; past TWIN_SCORES (attention.py) it runs on numba's threads.
+
 Each keeps float32 and the reference's operations, but for the order of the sums (sequential where NumPy
 sums pairwise and OpenBLAS in its own blocks) and fused multiply-adds: their results equal the reference's
 to float32's rounding. The exponential is `exp_neg` below (Cephes' expf, within 1.5 ulp of e^x; NumPy's
@@ -26,7 +30,6 @@ from numba.extending import intrinsic
 from .quant.kernels import JIT, thread_count  # noqa: F401  (thread_count: for attention.py)
 
 F32 = np.float32
-KEYS = 256   # keys per pass of q · Kᵀ: G x 256 scores (6 KB for G = 6) stay in L1 over the d rows of K
 
 
 @intrinsic
@@ -76,14 +79,15 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
     """One query per head q (H, d) over the keys and values lo .. stop − 1 of one sequence's cache buffers,
     keys_t (KV, d, C) and values (KV, C, d) (cache.KVBase's, whole: a slice of them would not vectorise):
     out (H, d) = softmax(scale · q Kᵀ) V, query head h reading KV head h // G. The G heads of a KV head go
-    together, each key row and value row loaded once for all of them."""
+    together (attend_part), each block of keys and values loaded once for all of them."""
     H, d = q.shape
     KV = keys_t.shape[0]
     G = H // KV
-    top, total = np.empty(G, F32), np.empty(G, F32)
+    work = scratch(G, d, stop - lo)
+    total = work[4]
     for kv in range(KV):
         o = out[kv * G:(kv + 1) * G]
-        attend_part(q, keys_t, values, kv, lo, stop, scale, o, top, total)
+        attend_part(q, keys_t, values, kv, lo, stop, scale, o, work)
         for g in range(G):
             inv = F32(1) / total[g]
             for i in range(d):
@@ -93,11 +97,10 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
 @njit(parallel=True, nogil=True, **JIT)
 def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
     """decode_attention on numba's threads (a long cache: a decode step after 4,096 tokens of Qwen2.5-1.5B reads
-    235 MB of keys and values, ~1 ms a layer on one thread), each task one KV head's G heads over a part of the
-    keys (`attend_part`), the parts joined as flash-decoding joins them: out = sum_p e^(m_p − M) o_p / sum_p
-    e^(m_p − M) z_p, for each part's max m_p, sum z_p and unnormalised output o_p. Parts: one per KV head when
-    the `threads` (numba's, as many as this call runs on) divide the KV heads, else as many as threads per KV
-    head."""
+    235 MB of keys and values), each task one KV head's G heads over a part of the keys (`attend_part`), the
+    parts joined as flash-decoding joins them: out = sum_p e^(m_p − M) o_p / sum_p e^(m_p − M) z_p, for each
+    part's max m_p, sum z_p and unnormalised output o_p. Parts: one per KV head when the `threads` (numba's,
+    as many as this call runs on) divide the KV heads, else as many as threads per KV head."""
     H, d = q.shape
     KV = keys_t.shape[0]
     G, n = H // KV, stop - lo
@@ -106,8 +109,10 @@ def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
     tops, totals = np.empty((KV, P, G), F32), np.empty((KV, P, G), F32)
     for task in prange(KV * P):
         kv, p = task // P, task % P
-        attend_part(q, keys_t, values, kv, lo + n * p // P, lo + n * (p + 1) // P, scale, parts[kv, p],
-                    tops[kv, p], totals[kv, p])
+        a, b = lo + n * p // P, lo + n * (p + 1) // P
+        work = scratch(G, d, b - a)
+        attend_part(q, keys_t, values, kv, a, b, scale, parts[kv, p], work)
+        tops[kv, p], totals[kv, p] = work[3], work[4]
     for kv in range(KV):
         for g in range(G):
             top = tops[kv, 0, g]
@@ -126,43 +131,134 @@ def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
                 o[i] *= inv
 
 
-@njit(inline="always", nogil=True, **JIT)
-def attend_part(q, keys_t, values, kv, a, b, scale, o, top, total):
+# A part's steps are separate compiled functions (not inlined into one), so that their arrays are arguments, which
+# kernels.JIT marks noalias: LLVM then keeps a block's sums in vector registers across the inner loop
+# (a block of KEYS scores per head across the d rows of K; a chunk of DIMS outputs across a block of values).
+# On Zen 5, one thread, 9 heads of 64 over 1,024 keys (SmolLM2): 99 -> 49 us; 12 of 128 over 4,096: 768 -> 425.
+KEYS = 64   # keys a block: 4 AVX-512 registers of scores per head
+DIMS = 64   # outputs a chunk of o = p V
+LANES = 16  # lanes of the running max and sum (a float sum is not reordered otherwise, so not vectorised)
+
+
+@njit(nogil=True, **JIT)
+def scratch(G, d, n):
+    """One part's working arrays: its G heads' scaled queries (G, d), scores (G, n rounded up to a block of 16:
+    the last block of keys is taken whole), LANES partial sums, and per head the max and sum of the softmax."""
+    return (np.empty((G, d), F32), np.empty((G, n + 16), F32), np.empty(LANES, F32), np.empty(G, F32),
+            np.empty(G, F32))
+
+
+@njit(nogil=True, **JIT)
+def attend_part(q, keys_t, values, kv, a, b, scale, o, work):
     """KV head kv's G query heads over keys a .. b − 1 (a < b): o (G, d) = sum_j e^(s_j − top) v_j, unnormalised,
-    with top (G,) each head's largest score s_j = scale · q · k_j and total (G,) its sum_j e^(s_j − top)."""
-    d = q.shape[1]
-    G, n = o.shape[0], b - a
-    scores = np.zeros((G, n), F32)
-    for j0 in range(0, n, KEYS):   # the G heads' scores of KEYS keys stay in L1 over the d rows
-        j1 = min(n, j0 + KEYS)
+    with top (G,) each head's largest score s_j = scale · q · k_j and total (G,) its sum_j e^(s_j − top), both
+    in `work` (scratch: qs, scores, lanes, top, total)."""
+    G, d = o.shape
+    n = b - a
+    qs, scores, lanes, top, total = work
+    for g in range(G):
         for i in range(d):
-            row = keys_t[kv, i, a + j0:a + j1]
+            qs[g, i] = q[kv * G + g, i] * scale
+    _scores(qs, keys_t[kv], a, n, scores)
+    _softmax(scores, n, lanes, top, total)
+    _weighted_values(scores, values[kv], a, n, o)
+
+
+@njit(nogil=True, **JIT)
+def _scores(qs, keys_t, a, n, scores):
+    """scores[g, j] = qs[g] · k_(a + j) for j < n, keys_t (d, C): KEYS keys a block, their G·KEYS sums in registers
+    across the d rows; the rest 16 at a time, reading keys past n (within the buffer) where the last 16 run over,
+    whose scores nothing reads, else one by one."""
+    G, d = qs.shape
+    whole = n - n % KEYS
+    for j0 in range(0, whole, KEYS):
+        for g in range(G):
+            acc = scores[g, j0:j0 + KEYS]
+            acc[:] = 0
+            for i in range(d):
+                qi = qs[g, i]
+                row = keys_t[i, a + j0:a + j0 + KEYS]
+                for j in range(KEYS):
+                    acc[j] += qi * row[j]
+    C = keys_t.shape[1]
+    for j0 in range(whole, n, 16):
+        if a + j0 + 16 <= C:
             for g in range(G):
-                qi = q[kv * G + g, i] * scale
-                s = scores[g, j0:j1]
-                for j in range(j1 - j0):
-                    s[j] += qi * row[j]
+                acc = scores[g, j0:j0 + 16]
+                acc[:] = 0
+                for i in range(d):
+                    qi = qs[g, i]
+                    row = keys_t[i, a + j0:a + j0 + 16]
+                    for j in range(16):
+                        acc[j] += qi * row[j]
+        else:
+            for g in range(G):
+                for j in range(j0, n):
+                    total = F32(0)
+                    for i in range(d):
+                        total += qs[g, i] * keys_t[i, a + j]
+                    scores[g, j] = total
+
+
+@njit(nogil=True, **JIT)
+def _softmax(scores, n, lanes, top, total):
+    """Each head g's scores[g, :n] -> e^(s_j − top[g]) in place, top[g] their max and total[g] their sum, the
+    max and the sum kept in LANES partial ones."""
+    G = scores.shape[0]
+    whole = n - n % LANES
     for g in range(G):
         s = scores[g]
-        m = s[0]
-        for j in range(n):
+        lanes[:] = s[0]
+        for j0 in range(0, whole, LANES):
+            for k in range(LANES):
+                lanes[k] = max(lanes[k], s[j0 + k])
+        m = lanes[0]
+        for k in range(LANES):
+            m = max(m, lanes[k])
+        for j in range(whole, n):
             m = max(m, s[j])
         for j in range(n):
             s[j] = exp_neg(s[j] - m)
-        top[g] = m
-        o[g, :] = 0
-    for j in range(n):
-        v = values[kv, a + j]
-        for g in range(G):
-            p = scores[g, j]
-            og = o[g]
-            for i in range(d):
-                og[i] += p * v[i]
-    for g in range(G):
+        lanes[:] = 0
+        for j0 in range(0, whole, LANES):
+            for k in range(LANES):
+                lanes[k] += s[j0 + k]
         z = F32(0)
-        for j in range(n):
-            z += scores[g, j]
-        total[g] = z
+        for k in range(LANES):
+            z += lanes[k]
+        for j in range(whole, n):
+            z += s[j]
+        top[g], total[g] = m, z
+
+
+@njit(nogil=True, **JIT)
+def _weighted_values(scores, values, a, n, o):
+    """o[g] = sum_(j < n) scores[g, j] · v_(a + j), values (C, d): a block of KEYS values at a time (in L1 for every
+    head), a chunk of DIMS (then 16) outputs' sums in registers across it."""
+    G, d = o.shape
+    o[:] = 0
+    for j0 in range(0, n, KEYS):
+        j1 = min(n, j0 + KEYS)
+        for g in range(G):
+            i0 = 0
+            while i0 + DIMS <= d:
+                acc = o[g, i0:i0 + DIMS]
+                for j in range(j0, j1):
+                    p, v = scores[g, j], values[a + j, i0:i0 + DIMS]
+                    for i in range(DIMS):
+                        acc[i] += p * v[i]
+                i0 += DIMS
+            while i0 + 16 <= d:
+                acc = o[g, i0:i0 + 16]
+                for j in range(j0, j1):
+                    p, v = scores[g, j], values[a + j, i0:i0 + 16]
+                    for i in range(16):
+                        acc[i] += p * v[i]
+                i0 += 16
+            for j in range(j0, j1):
+                p = scores[g, j]
+                for i in range(i0, d):
+                    o[g, i] += p * values[a + j, i]
 
 
 @njit(nogil=True, **JIT)
