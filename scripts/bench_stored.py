@@ -112,14 +112,15 @@ def run(spec: str, args) -> dict:
 
 
 def llama_bench(binary: str, gguf: str, args) -> dict:
-    """llama-bench -t 2 at its defaults on the file: decode (-p 0 -n gen-tokens) and prefill (-p prompt-tokens
-    -n 0) as two runs, so that a build whose prompt processing crashes (the native build on some AVX-512
-    CPUs) still gives its decode speed. {"decode": tok/s, "prefill": tok/s or None}."""
-    def one(p: int, n: int):
-        out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", str(p), "-n", str(n), "-r", "1", "-o", "json"],
-                             capture_output=True, text=True)
+    """llama-bench -t 2 at its defaults on the file: decode (-p 0 -n gen-tokens after -d prompt-tokens in its
+    cache, as minigen's runs decode after their prompt) and prefill (-p prompt-tokens -n 0) as two runs, so that a
+    build whose prompt processing crashes (the native build on some AVX-512 CPUs) still gives its decode speed.
+    {"decode": tok/s, "prefill": tok/s or None}."""
+    def one(p: int, n: int, depth: int = 0):
+        out = subprocess.run([binary, "-m", gguf, "-t", "2", "-p", str(p), "-n", str(n), "-d", str(depth), "-r", "1",
+                              "-o", "json"], capture_output=True, text=True)
         return json.loads(out.stdout)[0]["avg_ts"] if out.returncode == 0 else None
-    return {"decode": one(0, args.gen_tokens), "prefill": one(args.prompt_tokens, 0)}
+    return {"decode": one(0, args.gen_tokens, args.prompt_tokens), "prefill": one(args.prompt_tokens, 0)}
 
 
 def default_runs(work: Path) -> list[str]:
