@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minigen
-from minigen.engine import attention, compiled, layers
+from minigen.engine import attention, compiled, layers, parallel
 from minigen.engine.attention import causal_attention, decode_attention
 from minigen.engine.cache import KVCache
 from minigen.engine.quant import matrix
@@ -93,9 +93,12 @@ def test_decode_attention_takes_the_given_scale_leaves_soft_caps_to_numpy_and_sp
     assert calls == [] and len(split) == 1 and split[0][-2] == 2            # on numba's two threads
     decode_attention(q, keys_t, values, 50, 49, None, None)                 # 4 x 49 in the window: one thread
     assert len(calls) == 1
+    with parallel.blas_alone():                                               # a thread whose products keep to it
+        decode_attention(q, keys_t, values, 50, None, None, None)
+    assert len(calls) == 2 and len(split) == 1
     monkeypatch.setattr(compiled, "thread_count", lambda: 1)                 # a busy machine's step: one thread
     decode_attention(q, keys_t, values, 50, None, None, None)
-    assert len(calls) == 2 and len(split) == 1
+    assert len(calls) == 3 and len(split) == 1
 
 
 def test_a_cache_decode_step_attends_over_its_buffers_as_causal_attention_does():

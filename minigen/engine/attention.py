@@ -153,13 +153,13 @@ def decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, stop
     """One query per head q (H, d) at position stop − 1 over the first `stop` keys and values of one cache's
     buffers, keys_t (KV, d, C) and values (KV, C, d): out (H, d), no weights kept. By numba's twin
     (compiled.py) once the kernels are loaded, without a soft-cap (past TWIN_SCORES scores on numba's
-    threads, where they are free); else `causal_attention`."""
+    threads, unless this thread's products keep to it: parallel.alone()); else `causal_attention`."""
     (H, d), KV = q.shape, keys_t.shape[0]
     lo = 0 if window is None else max(0, stop - window)                      # the first key it sees
     if softcap is None and (twin := twins()) is not None:
         out, q = np.empty((H, d), np.float32), np.ascontiguousarray(q, np.float32)
         factor = np.float32(1.0 / math.sqrt(d) if scale is None else scale)
-        if H * (stop - lo) <= TWIN_SCORES or (threads := twin.thread_count()) == 1:
+        if H * (stop - lo) <= TWIN_SCORES or parallel.alone() or (threads := twin.thread_count()) == 1:
             twin.decode_attention(q, keys_t, values, lo, stop, factor, out)
         else:
             twin.decode_attention_split(q, keys_t, values, lo, stop, factor, threads, out)
@@ -310,8 +310,8 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     firsts = np.zeros(B, np.int64) if window is None else np.maximum(0, lengths - window).astype(np.int64)
     if softcap is None and (twin := twins()) is not None:                    # compiled.py, each over its own keys
         out = np.empty((B, H, d), np.float32)
-        pool = twin.decode_pool if H * int((lengths - firsts).sum()) <= TWIN_SCORES or twin.thread_count() == 1 \
-            or B == 1 else twin.decode_pool_split
+        alone = H * int((lengths - firsts).sum()) <= TWIN_SCORES or B == 1 or parallel.alone() or twin.thread_count() == 1
+        pool = twin.decode_pool if alone else twin.decode_pool_split
         pool(np.ascontiguousarray(q, np.float32), keys_t, values, slots.astype(np.int64), firsts,
              lengths.astype(np.int64), np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
         return out
