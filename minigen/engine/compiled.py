@@ -134,7 +134,7 @@ def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
 # A part's steps are separate compiled functions (not inlined into one), so that their arrays are arguments, which
 # kernels.JIT marks noalias: LLVM then keeps a block's sums in vector registers across the inner loop
 # (a block of KEYS scores per head across the d rows of K; a chunk of DIMS outputs across a block of values).
-# On Zen 5, one thread, 9 heads of 64 over 1,024 keys (SmolLM2): 99 -> 49 us; 12 of 128 over 4,096: 768 -> 425.
+# On Zen 5, one thread, 9 heads of 64 over 1,024 keys (SmolLM2): 99 -> 47 us; 12 of 128 over 4,096: 806 -> 485.
 KEYS = 64   # keys a block: 4 AVX-512 registers of scores per head
 DIMS = 64   # outputs a chunk of o = p V
 LANES = 16  # lanes of the running max and sum (a float sum is not reordered otherwise, so not vectorised)
