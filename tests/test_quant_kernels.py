@@ -96,6 +96,12 @@ def test_kernel_equals_numpy_twin(kernels, matrices, name):
         assert_product(m.times_blas(x), x, w)
 
 
+def test_few_rows_keep_their_sums_in_registers(kernels):
+    """One row is always the factored one-row form, on AVX2 too (8 lanes: 2 and 4 rows, not 1, 3 or 5)."""
+    assert [k for k in range(1, 20) if kernels.in_registers.py_func(k, 16)] == list(range(1, kernels.FEW + 1))
+    assert [k for k in range(1, 20) if kernels.in_registers.py_func(k, 8)] == [1, 2, 4, 6, 8][:1 + kernels.FEW // 2]
+
+
 def test_times_switches_to_blas_on_long_inputs(kernels, matrices, monkeypatch):
     m, _ = matrices["Q4_K"]
     called = []

@@ -736,6 +736,13 @@ def sums16(x):
     return xs
 
 
+@njit(inline="always", **JIT)
+def in_registers(k, lanes):
+    """Whether a product of k rows keeps its sums in registers (times): one row always (the factored form), 2 to
+    FEW rows with AVX-512, an even count of them with AVX2 (an odd one's last row alone cost its decoding again)."""
+    return k == 1 or k <= FEW and (lanes == 16 or k % 2 == 0)
+
+
 @njit(parallel=True, **JIT)
 def times(kind, tiles, units, unit_in, x, out):
     """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
@@ -746,7 +753,7 @@ def times(kind, tiles, units, unit_in, x, out):
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     k = x.shape[0]
     y = np.empty((k, out), F32)
-    few = k <= FEW and (LANES == 16 or k % 2 == 0)
+    few = in_registers(k, LANES)
     last = k - 1 if few and k % 2 == 1 else -1   # the row multiplied alone
     xs = sums16(x[last]) if last >= 0 else np.empty(1, F32)
     for t in prange(n_tiles):
