@@ -21,7 +21,7 @@ their two nibbles; 128 for Q6_K, a half block, whose three byte rows hold an inp
 - `ir_scales` computes each output's scale and offset (d, d·sc, dmin·m ...) in float32, as formats.py,
   a vector of outputs at a time (a scalar loop over the 64 outputs took as long as the unit's products:
   Q4_0's one-row int8 kernel on 8960 x 1536, one thread, 1.76 ms with it, 0.52 without; the exact 4.1 / 2.0);
-- for one row (a decode step), the type's intrinsic with dot=True adds x[unit] · w to the 64 outputs in
+- for one row (a decode step), the type's intrinsic with rows=1 adds x[unit] · w to the 64 outputs in
   the factored form llama.cpp's integer sums take, s·sum(x·code) − o·sum(x) per group (`_Unit.put`):
   the codes, made from the bytes in registers, are multiplied by x as they are, and each output's scale
   and offset applied once a unit, one multiply-add a weight fewer (Q4_K 1.6-1.7 -> 1.2 ms on the shape
@@ -42,7 +42,7 @@ the order of the inputs (for one row, of x times the codes, then the scales), wh
 order: results equal `x @ dequantize().T` to float32's rounding of a sum, not to its last digit. No
 activation is rounded (that is int8.py, an option).
 
-Each type's intrinsic (both forms, `dot` a literal) is LLVM vector IR built here (`_emit_*`, one short
+Each type's intrinsic (every form, `rows` a literal) is LLVM vector IR built here (`_emit_*`, one short
 function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
 int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32>
 (vpmovzxbd), then floats (vcvtdq2ps), accumulated with one FMA (stored: scaled with another), the 64
