@@ -5,6 +5,7 @@
     python scripts/bench_stored.py --runs "FILE.gguf" "FILE.gguf --dtype float32" "DIR --quantize Q8_0"
     python scripts/bench_stored.py --llama-bench PATH    # and llama.cpp's llama-bench on each GGUF run
     python scripts/bench_stored.py --batch               # decode steps of 1, 4, 8, 16 sequences at once instead
+    python scripts/bench_stored.py --batch --llama-bench PATH   # and llama-batched-bench (beside llama-bench) on each GGUF
 
 Each run is a fresh process (`--worker`), the runs taking turns for --rounds rounds so that a busy machine
 slows them alike; medians are printed. A run measures: the load (s), the first token's time from the
@@ -123,6 +124,16 @@ def llama_bench(binary: str, gguf: str, args) -> dict:
     return {"decode": one(0, args.gen_tokens, args.prompt_tokens), "prefill": one(args.prompt_tokens, 0)}
 
 
+def llama_batched(binary: str, gguf: str) -> dict:
+    """llama.cpp's llama-batched-bench (-t 2, its defaults otherwise) on the file, as worker_batch measures minigen:
+    B sequences of 16 prompt tokens each, then 32 decode steps of all B at once. {B: decode tokens/s of the B
+    together (its S_TG)}, or {} when it fails."""
+    out = subprocess.run([binary, "-m", gguf, "-t", "2", "-c", "4096", "-npp", "16", "-ntg", "32",
+                          "-npl", ",".join(map(str, BATCHES)), "--output-format", "jsonl"], capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")] if out.returncode == 0 else []
+    return {str(r["pl"]): r["speed_tg"] for r in rows}
+
+
 def default_runs(work: Path) -> list[str]:
     """The default model's GGUF as stored and as float32, and a bfloat16 conversion of it kept and as float32."""
     from minigen.gguf.convert import convert_gguf
@@ -141,7 +152,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=32)
-    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench: also run on each GGUF run's file")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench: also run on each GGUF run's file (with --batch, the "
+                    "llama-batched-bench beside it)")
     ap.add_argument("--work", help="where conversions are made (default: a temporary directory)")
     ap.add_argument("--batch", action="store_true", help="decode steps of 1, 4, 8 and 16 sequences instead")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -164,7 +176,8 @@ def main():
             for s in specs:
                 results[s].append(run(s, args))
             for f in files:
-                peer[f].append(llama_bench(args.llama_bench, f, args))
+                peer[f].append(llama_batched(str(Path(args.llama_bench).with_name("llama-batched-bench")), f) if args.batch
+                               else llama_bench(args.llama_bench, f, args))
     if args.batch:
         print(f"{args.rounds} rounds, medians: decode tokens/s of B sequences in one step (x: against B = 1)\n")
         print("| run | " + " | ".join(f"B = {B}" for B in BATCHES) + " |")
@@ -173,6 +186,25 @@ def main():
             med = {B: statistics.median(r[str(B)] for r in rs) for B in BATCHES}
             name = " ".join([Path(shlex.split(s)[0]).name] + shlex.split(s)[1:])
             print(f"| {name} | " + " | ".join(f"{med[B]:.1f} ({med[B] / med[1]:.2f}x)" for B in BATCHES) + " |")
+        for f in files:
+            got = [r for r in peer[f] if len(r) == len(BATCHES)]
+            if not got:
+                print(f"| llama.cpp {Path(f).name} | llama-batched-bench failed |")
+                continue
+            med = {B: statistics.median(r[str(B)] for r in got) for B in BATCHES}
+            print(f"| llama.cpp {Path(f).name} (llama-batched-bench) | "
+                  + " | ".join(f"{med[B]:.1f} ({med[B] / med[1]:.2f}x)" for B in BATCHES) + " |")
+        if files:
+            print("\nminigen's runs against llama.cpp on the same file, B sequences:\n")
+            print("| run | " + " | ".join(f"B = {B}" for B in BATCHES) + " |")
+            print("|---|" + "---|" * len(BATCHES))
+            for s, rs in results.items():
+                f, got = shlex.split(s)[0], [r for r in peer.get(shlex.split(s)[0], []) if len(r) == len(BATCHES)]
+                if not got:
+                    continue
+                name = " ".join([Path(f).name] + shlex.split(s)[1:])
+                ratio = {B: statistics.median(r[str(B)] for r in rs) / statistics.median(r[str(B)] for r in got) for B in BATCHES}
+                print(f"| {name} | " + " | ".join(f"{ratio[B]:.2f}" for B in BATCHES) + " |")
         return
     keys = ("load_s", "first_token_s", "prefill", "decode", "f8_f1", "weights_mb", "rss_mb")
     print(f"{args.rounds} rounds, medians; prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded\n")
