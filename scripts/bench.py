@@ -30,7 +30,9 @@ Sections behind flags (each its own table; --no-sweep skips the sweep above):
   (quote a document, reformat code, fill a form) and a free-form one against plain greedy decoding,
   minigen and transformers' prompt_lookup_num_tokens side by side, the tokens checked identical.
   With --draft-model DIR (a checkpoint sharing --model's tokenizer), the same tasks decoded with it
-  drafting (minigen's --draft-model against transformers' assistant_model).
+  drafting (minigen's --draft-model against transformers' assistant_model); with --llama-spec, and --model and
+  --draft-model GGUF files, also llama.cpp's llama-speculative on the same files and prompts (at its defaults:
+  3 drafts a step; greedy), against llama-bench's plain decoding at the prompt's depth.
 - --batch: 1, 4, 8 and 16 prompts of different lengths generated as one batch against one at a time
   (minigen's Batch; transformers' batched generate with left padding), tokens/s of the whole batch.
 - --constrained: greedy decoding under a JSON schema (--schema FILE, default SCHEMA) against the same
@@ -45,6 +47,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -428,6 +431,46 @@ def section_spec(args, hf: bool):
     if args.draft_model:
         spec_table(mg, tf, "draft", "draft model", "transformers assistant_model")
         print(f"\n{Path(args.model).name} drafted by {Path(args.draft_model).name}: tokens/s of decoding as above")
+        if args.llama_spec:
+            llama_spec_table(args, mg)
+
+
+def llama_spec_table(args, mg: dict):
+    """llama.cpp's draft model on the same GGUF files and chat-templated prompts: llama-speculative (greedy,
+    its defaults otherwise) against llama-bench's decoding after as many tokens, beside minigen's ratio."""
+    bin_dir = llama_bin(args.llama_bin)
+    if not (bin_dir and (bin_dir / "llama-speculative").exists() and str(args.model).endswith(".gguf")
+            and str(args.draft_model).endswith(".gguf")):
+        print("llama.cpp: --llama-spec needs llama-speculative (--llama-bin) and GGUF files for --model and "
+              "--draft-model; skipped", file=sys.stderr)
+        return
+    sys.path.insert(0, str(ROOT))
+    import minigen
+    _, tok = minigen.load(args.model)
+    prompts = json.loads(args.prompts.read_text())["lookup"]
+    print("\n| task | llama.cpp plain decode | llama.cpp draft model | ÷ plain | acceptance | minigen draft model ÷ plain |")
+    print("|---|---|---|---|---|---|")
+    for name, ids in prompts.items():
+        text = args.prompts.with_name("llama-prompt.txt")
+        text.write_text(tok.decode(ids))   # the template's special tokens as text, which llama.cpp parses back
+        spec = subprocess.run([str(bin_dir / "llama-speculative"), "-m", str(args.model), "-md", str(args.draft_model),
+                               "-f", str(text), "-n", str(args.gen_tokens), "--temp", "0", "--top-k", "1",
+                               "-t", str(args.threads), "-td", str(args.threads), "-c", "4096"],
+                              capture_output=True, text=True)
+        plain = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(args.model), "-t", str(args.threads), "-p", "0",
+                                "-n", str(args.gen_tokens), "-d", str(len(ids)), "-r", "1", "-o", "json"],
+                               capture_output=True, text=True)
+        speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", spec.stderr + spec.stdout)
+        accept = re.search(r"accept\s+=\s+([\d.]+)%", spec.stderr + spec.stdout)
+        base = json.loads(plain.stdout)[0]["avg_ts"] if plain.returncode == 0 else None
+        if not (speed and base):
+            print(f"| {name} | llama-speculative or llama-bench failed | | | | |")
+            continue
+        r = mg[name]
+        print(f"| {name} | {base:.1f} | {float(speed.group(1)):.1f} | {float(speed.group(1)) / base:.2f}× | "
+              f"{accept.group(1) if accept else '?'} % | {r['draft']['tps'] / r['plain']['tps']:.2f}× |")
+    print(f"\nllama.cpp (llama-speculative -t {args.threads} -td {args.threads}, greedy; llama-bench -d PROMPT -n "
+          f"{args.gen_tokens}) on the same files, one run each")
 
 
 def first_difference(a: list, b: list) -> str:
@@ -978,6 +1021,8 @@ def main():
                     help="Also: decoding under a JSON schema against none (minigen; llama.cpp with --llama-gguf).")
     ap.add_argument("--schema", help="With --constrained: a JSON schema file (default: SCHEMA in this script).")
     ap.add_argument("--llama-gguf", help="With --constrained: the model's GGUF file, for llama-server.")
+    ap.add_argument("--llama-spec", action="store_true", help="With --spec --draft-model on GGUF files: also llama.cpp's "
+                                                              "llama-speculative on them.")
     ap.add_argument("--no-sweep", action="store_true", help="Skip the prompt-length sweep (run only the sections asked for).")
     ap.add_argument("--hybrid", action="store_true",
                     help="Instead: hybrid families (random weights in real configs) against transformers.")
