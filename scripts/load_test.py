@@ -8,8 +8,10 @@ The workload: greedy chat requests (temperature 0) with prompts of different len
 (`stream_options.include_usage`); every 8th client hangs up after its second piece of text; every 7th
 request is a bad one (malformed JSON, a wrong type) that must get a 400. Printed: requests/s, tokens/s
 (completion tokens of every request, over the wall time), p50/p99 time to first token and per-token
-latency (the gaps between streamed pieces). Then every completed response is checked against the same
-request served alone, one at a time: it must be the same text (exit 1 if not).
+latency (the gaps between streamed pieces), and the prompt tokens the server computed (usage's prompt_tokens
+less its cached_tokens) per completion token: what concurrency cannot batch away. Then every completed
+response is checked against the same request served alone, one at a time: it must be the same text (exit 1
+if not).
 
 With --compare-transformers the same streaming workload (no hang-ups, no bad requests) runs against
 minigen and against `transformers serve` (/root/ref/bin/transformers, float32, CPU, its default sdpa
@@ -59,6 +61,8 @@ class Result:
     status: int = 0
     text: str = ""
     tokens: int = 0
+    prompt: int = 0                   # prompt tokens (usage), and of them those the server's prefix cache held
+    cached: int = 0
     ttft: float | None = None
     gaps: list = field(default_factory=list)
     seconds: float = 0.0
@@ -98,6 +102,8 @@ def request(port: int, spec: Spec, timeout: float) -> Result:
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 r.tokens = chunk["usage"]["completion_tokens"]
+                r.prompt = chunk["usage"].get("prompt_tokens", 0)
+                r.cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             if "error" in chunk:
                 r.error = chunk["error"].get("message")
             for choice in chunk.get("choices") or []:
@@ -142,13 +148,17 @@ def figures(results: list[Result], wall: float) -> dict:
     return {"requests": len(done), "requests/s": len(done) / wall, "tokens/s": sum(r.tokens for r in streamed) / wall,
             "ttft p50": pct([r.ttft for r in streamed if r.ttft is not None], 50),
             "ttft p99": pct([r.ttft for r in streamed if r.ttft is not None], 99),
-            "token p50": pct(gaps, 50), "token p99": pct(gaps, 99), "wall": wall}
+            "token p50": pct(gaps, 50), "token p99": pct(gaps, 99), "wall": wall,
+            # prompt tokens the server computed (not taken from its prefix cache) per completion token: a step
+            # batches the running sequences' next tokens, but a prompt's rows cost the same batched or not
+            "prompt/completion": sum(r.prompt - r.cached for r in streamed) / max(1, sum(r.tokens for r in streamed))}
 
 
 def line(name: str, f: dict) -> str:
     return (f"{name:<26} {f['requests']:>4} req  {f['requests/s']:6.2f} req/s  {f['tokens/s']:7.1f} tok/s  "
             f"TTFT p50 {f['ttft p50']:6.2f} s  p99 {f['ttft p99']:6.2f} s  per token p50 {1000 * f['token p50']:6.1f} ms  "
-            f"p99 {1000 * f['token p99']:6.1f} ms  ({f['wall']:.1f} s)")
+            f"p99 {1000 * f['token p99']:6.1f} ms  prompt tokens computed per completion token "
+            f"{f['prompt/completion']:.2f}  ({f['wall']:.1f} s)")
 
 
 def check(results: list[Result], port: int, timeout: float) -> list[str]:
