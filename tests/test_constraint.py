@@ -272,7 +272,7 @@ class Always:
         self.d = drafter
         drafter.policy.choose = lambda kind, available: min(available, drafter.policy.max_draft)
 
-    def draft(self, *args):
+    def draft(self, *args, left=None):   # at full length: not skipped for a catch-up that would not pay
         return self.d.draft(*args)
 
     def feedback(self, *args):
@@ -312,7 +312,7 @@ def test_verify_checks_every_draft_against_the_grammar():
     plain = [s.token for s in generate_step(model, tok.encode("x"), o)]
 
     class Wrong:
-        def draft(self, tokens, room, sampler, processors, rng):
+        def draft(self, tokens, room, sampler, processors, rng, left=None):
             return [tok.encode("c", add_special_tokens=False)[0]] * min(room, 3), None
 
         def feedback(self, *args):

@@ -38,7 +38,7 @@ class Scripted:
         self.truth, self.n0, self.plan, self.vocab, self.i = truth, prompt_len, plan, vocab, 0
         self.calls = []
 
-    def draft(self, tokens, room, sampler, processors, rng):
+    def draft(self, tokens, room, sampler, processors, rng, left=None):
         k, good = self.plan[self.i % len(self.plan)]
         self.i += 1
         done = len(tokens) - self.n0
@@ -265,6 +265,60 @@ def test_a_draft_tokens_cost_leaves_out_catching_up_with_the_context(monkeypatch
     assert d.spent == 4 and d.per_token == 1.0
 
 
+
+def test_the_policy_starts_from_the_forward_costs_of_the_weights_kind():
+    """A model whose weights are kept stored starts from the stored kernels' costs (rows beyond one bound by
+    arithmetic: 8 rows ~2.7 forwards), a float32 one from OpenBLAS's (~2); measured costs then replace both."""
+    model, tok, _ = fixture("llama_gqa3")
+    stored = minigen.load(FIXTURES / "llama_gqa3", quantize="Q8_0")[0]
+    for m, costs in ((model, S.PRIOR_COST), (stored, S.PRIOR_COST_STORED)):
+        lookup = S.make_drafter(m, tok, Options.of(prompt_lookup=True))
+        drafting = S.make_drafter(m, tok, Options.of(draft_model=(model, tok)))
+        assert lookup.policy.prior_costs is costs and drafting.policy.prior_costs is costs
+        assert lookup.policy.cost(8) == costs[8]
+
+def test_a_draft_model_catches_up_only_where_drafting_could_win_it_back(monkeypatch):
+    """The first draft feeds the draft model the whole prompt: made when the drafts to come could repay it
+    (`left` tokens at the best gain the costs allow), skipped otherwise, the draft cache left as it was; a
+    timed catch-up then prices the next one (here at one second a row against a model's forward of 10)."""
+    model, tok, ids = fixture("llama_gqa3")
+    clock = [0.0]
+    monkeypatch.setattr(S.time, "perf_counter", lambda: clock[0])
+
+    class Timed:   # the fixture's model at one second a row
+        config = model.config
+
+        def make_cache(self, capacity):
+            return model.make_cache(capacity)
+
+        def resume(self, cache, common, total):
+            return model.resume(cache, common, total)
+
+        def forward(self, feed, cache, last_only=False):
+            clock[0] += len(feed)
+            return model.forward(feed, cache, last_only=last_only)
+
+    d = S.DraftModel(Timed(), 4, cost=0.1)
+    d.policy.choose = lambda kind, available: 4
+    behind = len(ids)                       # 40: the prompt, all of it new to the draft model
+    gain = d.policy.best_gain()             # at the prior costs: a draft token a tenth of a forward
+    assert gain > 1.5
+    # the prior prices a prompt token at PREFILL_SHARE of a draft token: 40 x 0.02 = 0.8 forwards
+    short = int(behind * S.DraftModel.PREFILL_SHARE * 0.1 / (1 - 1 / gain))   # left at which it just does not pay
+    assert d.draft(ids, 4, make_sampler(0.0), [], None, left=short) == ([], None)
+    assert d.cached == [] and d.spent == 0 and clock[0] == 0        # nothing fed, nothing spent
+    out, _ = d.draft(ids, 4, make_sampler(0.0), [], None, left=short + 2)
+    assert len(out) == 4 and d.per_prompt_token == 1.0            # caught up: 40 rows in 40 seconds
+    d.policy.timed(1, 10.0)                                        # the model's own forward: 10 s, so a prompt token is 0.1
+    # a stretch of context the draft model has not seen (a turn of chat, an idle stretch): 30 tokens cost 3 forwards
+    later = ids + out + list(range(3, 33))
+    gain = d.policy.best_gain()
+    pays = 30 * 0.1 / (1 - 1 / gain)
+    assert d.draft(later, 4, make_sampler(0.0), [], None, left=int(pays) - 1) == ([], None)
+    assert len(d.draft(later, 4, make_sampler(0.0), [], None, left=int(pays) + 2)[0]) == 4
+    # following the context (a few tokens behind) never asks
+    assert len(d.draft(later + d.cached[len(later):][:1], 4, make_sampler(0.0), [], None, left=1)[0]) == 4
+
 # --- sampling: the distribution of the first tokens, with and without drafts -------------------------
 
 def two_sample_chi2(a, b) -> float:
@@ -296,7 +350,7 @@ class Greedy:
     def __init__(self, model, k=4):
         self.d, self.greedy = FixedK(S.DraftModel(model, k)), make_sampler(0.0)
 
-    def draft(self, tokens, room, sampler, processors, rng):
+    def draft(self, tokens, room, sampler, processors, rng, left=None):
         return self.d.draft(tokens, room, self.greedy, [], rng)[0], None
 
     def feedback(self, *args):
@@ -366,7 +420,7 @@ class FixedK:
         self.d = drafter
         self.d.policy.choose = lambda kind, available: min(available, self.d.policy.max_draft)
 
-    def draft(self, *args):
+    def draft(self, *args, left=None):   # at full length: not skipped for a catch-up that would not pay
         return self.d.draft(*args)
 
     def feedback(self, *args):
@@ -433,7 +487,7 @@ def test_chat_turns_with_speculation_equal_plain_generation():
     truth_for = {}
 
     class Oracle:   # drafts the plain run's continuation of this very turn, 6 at a time, 2 of them wrong
-        def draft(self, tokens, room, sampler, processors, rng):
+        def draft(self, tokens, room, sampler, processors, rng, left=None):
             key = max((k for k in truth_for if tokens[:len(k)] == list(k)), key=len)   # this turn's prompt
             done = tokens[len(key):]
             right = truth_for[key][len(done):len(done) + 6]

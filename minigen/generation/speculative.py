@@ -34,6 +34,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..engine.cache import checkpoint, truncate
 from ..engine.model import hidden, unembed
+from ..engine.quant import STORED
 from ..errors import MinigenError
 from .sampling import Processor, categorical
 from .ids import common_prefix
@@ -45,6 +46,10 @@ KS = tuple(range(17))   # draft lengths the policy chooses among
 # and 12-15 rows are computed as 8 and 16, engine/linear.padded_rows; between, the nearest size);
 # replaced by the times measured during the run once a size has been tried
 PRIOR_COST = {1: 1.0, 2: 1.8, 3: 1.9, 4: 2.0, 8: 2.0, 9: 2.1, 10: 2.2, 12: 2.4, 16: 2.4, 17: 2.7}
+# the same for a model whose weights are kept stored (a GGUF: its numba kernels, whose rows beyond one are
+# bound by arithmetic, not by reading the weights): SmolLM2-135M Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M after a
+# 128-token prompt, AMD Zen 5, 1.4-1.7 at 2 rows (1.25-1.45 the 1.5B), 1.6-1.9 at 4, 2.4-3.2 at 8, 4.0-4.9 at 16
+PRIOR_COST_STORED = {1: 1.0, 2: 1.4, 3: 1.7, 4: 1.8, 8: 2.7, 9: 3.0, 12: 3.6, 16: 4.3, 17: 4.5}
 
 
 def forward_rows(model, ids: list[int], cache: list, rows: int) -> np.ndarray:
@@ -71,7 +76,8 @@ def decode(seq: Sequence, drafter) -> Iterator[Step]:
     while True:
         start, first = time.perf_counter(), not seq.generated
         room = seq.room(64)   # the most drafts any drafter makes (options: draft_tokens <= 64)
-        draft, q = drafter.draft(seq.tokens, room, seq.sampler, seq.processors, seq.rng) if room else ([], None)
+        left = seq.options.max_tokens - seq.generated   # tokens the run may still give
+        draft, q = drafter.draft(seq.tokens, room, seq.sampler, seq.processors, seq.rng, left=left) if room else ([], None)
         draft, q = admitted(draft, q, seq)
         pending = seq.feed(draft)
         if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
@@ -163,8 +169,9 @@ class Policy:
     PROBE_SOON = 8   # forwards to the next probe after one that kept at least half its drafts
     PROBE = 7        # drafts a probe verifies: 8 rows, which cost what 5 do (engine/linear.padded_rows)
 
-    def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5):
+    def __init__(self, max_draft: int = 16, draft_cost: float = 0.0, prior: float = 0.5, costs: dict | None = None):
         self.max_draft, self.draft_cost = max_draft, draft_cost
+        self.prior_costs = costs or PRIOR_COST   # forward(rows) / forward(1) until measured
         self.rate: dict = {}          # kind -> running acceptance rate of one draft position
         self.seconds: dict = {}       # rows -> running seconds of a forward over that many rows
         self.prior = prior
@@ -191,6 +198,11 @@ class Policy:
                 return min(available, self.max_draft, self.PROBE)
         return best_k
 
+    def best_gain(self) -> float:
+        """The most a forward could yield per unit of time if every draft were kept: max over k of
+        (k + 1) / (cost(k + 1) + k · draft_cost), at the costs seen (1.0: plain decoding)."""
+        return max([1.0] + [(k + 1) / (self.cost(k + 1) + k * self.draft_cost) for k in KS if 0 < k <= self.max_draft])
+
     def could_pay(self) -> bool:
         """Whether some k would pay if every draft were kept: at the costs seen, drafting can gain at all
         (a draft model as slow as the model itself never can)."""
@@ -198,7 +210,8 @@ class Policy:
 
     def cost(self, rows: int) -> float:
         """forward(rows) / forward(1): measured, else the prior scaled to the nearest size measured."""
-        prior = lambda r: PRIOR_COST.get(r) or PRIOR_COST[min(PRIOR_COST, key=lambda c: abs(c - r))]
+        known = self.prior_costs
+        prior = lambda r: known.get(r) or known[min(known, key=lambda c: abs(c - r))]
         if 1 not in self.seconds:
             return prior(rows)
         if rows in self.seconds:
@@ -231,13 +244,13 @@ class Policy:
 class PromptLookup:
     """Drafts from the context itself: the tokens after the last earlier occurrence of its last n-gram."""
 
-    def __init__(self, max_draft: int = 16, ngram: tuple[int, int] = (3, 1)):
-        self.policy = Policy(max_draft)
+    def __init__(self, max_draft: int = 16, ngram: tuple[int, int] = (3, 1), costs: dict | None = None):
+        self.policy = Policy(max_draft, costs=costs)
         self.ngram = ngram
         self.shadow = None            # (kind, guess) made but not verified, checked against the next token
         self.kind = None
 
-    def draft(self, tokens: list[int], room: int, sampler, processors, rng) -> tuple[list[int], None]:
+    def draft(self, tokens: list[int], room: int, sampler, processors, rng, left=None) -> tuple[list[int], None]:
         guess, n = lookup(np.asarray(tokens), min(room, self.policy.max_draft), *self.ngram)
         k = self.policy.choose(n, len(guess)) if guess else 0
         self.kind, self.shadow = n, (n, guess[0]) if guess and k == 0 else None
@@ -274,20 +287,41 @@ class DraftModel:
     context: on each call it is cut back to what the context still shares with it, then fed the rest.
     A draft token's cost, relative to a forward of the model, starts as `cost` (make_drafter: the ratio
     of their weights, which a decode step reads) and is then measured, on forwards that follow the
-    context closely, not on the one that catches up after a stretch of no drafting."""
+    context closely, not on the one that catches up after a stretch of no drafting.
 
-    def __init__(self, model, max_draft: int = 16, vocab: int | None = None, cost: float = 0.3):
+    Catching up is a prefill of the draft model over every token it has not seen: at the first draft, the
+    whole prompt. It is made only where drafting could win it back over the tokens the run may still give
+    (`left`): behind x a prompt token's cost <= left x (1 − 1 / Policy.best_gain()), everything in forwards of
+    the model. A prompt token costs PREFILL_SHARE of a draft token until a catch-up is timed. (Qwen2.5-Coder-0.5B
+    drafting for the 1.5B here, 128 tokens after a 622-token prompt: its first draft's catch-up took 2.3 s of
+    the run's 7.5, for drafts that could gain ~20 % at the costs this machine then measured.) So that the
+    first such choice is not made on the weights' ratio alone (0.32 for that pair, where a draft token cost
+    0.6 of a forward: the smaller model's step is more than its share of the weights), a draft token's cost
+    is first measured on one step of the draft model (`step_seconds`)."""
+
+    PREFILL_SHARE = 0.2   # a prompt token's forward against a decode step's, of one model (0.15-0.26 here)
+
+    def __init__(self, model, max_draft: int = 16, vocab: int | None = None, cost: float = 0.3, costs: dict | None = None):
         self.model, self.vocab = model, vocab or model.config.vocab_size   # ids it may propose: the model's too
-        self.policy = Policy(max_draft, draft_cost=cost)
+        self.policy = Policy(max_draft, draft_cost=cost, costs=costs)
         self.cache = model.make_cache(256)
         self.cached: list[int] = []      # the ids the draft cache holds
         self.spent, self.per_token = 0.0, None   # the last call's seconds; seconds a draft token, caught up
+        self.per_prompt_token = None     # seconds a token of a catch-up (a prefill), once one is timed
 
-    def draft(self, tokens: list[int], room: int, sampler, processors, rng) -> tuple[list[int], list | None]:
+    def draft(self, tokens: list[int], room: int, sampler, processors, rng, left=None) -> tuple[list[int], list | None]:
         k = self.policy.choose("draft", min(room, self.model.config.max_position_embeddings - len(tokens)))
         self.spent = 0.0
         if k == 0:
             return [], None
+        behind = len(tokens) - common_prefix(self.cached, tokens[:-1])
+        if left is not None and behind > self.policy.max_draft + 1:
+            if self.per_token is None and 1 in self.policy.seconds:   # a draft token's cost, before paying a catch-up
+                self.per_token = self.spent = self.step_seconds(tokens[-1])
+                self.policy.draft_cost = self.per_token / self.policy.seconds[1]
+            if not self.catch_up_pays(behind, left):
+                self.policy.probed = False
+                return [], None
         start = time.perf_counter()
         keep = self.model.resume(self.cache, common_prefix(self.cached, tokens[:-1]), len(tokens))   # a snapshot, or 0
         feed, out, q, seconds = tokens[keep:], [], [], []
@@ -297,18 +331,44 @@ class DraftModel:
             offset = self.cache[0].offset
             if (kept := self.model.resume(self.cache, offset, offset + len(feed))) < offset:   # longrope's switch
                 feed, caught_up = (tokens + out)[kept:], False
+            fed = len(feed)
             scores = self.model.forward(feed, self.cache, last_only=True)[0][:self.vocab]
             for process in processors:
                 scores = process(scores, tokens + out)
             out.append(self._pick(scores, sampler, rng, q))
             feed = [out[-1]]
             seconds.append(time.perf_counter() - began)
+            if fed > self.policy.max_draft + 1:
+                self.per_prompt_token = seconds[-1] / fed
         self.cached = (tokens + out)[:self.cache[0].offset]
         self.spent = time.perf_counter() - start
         # a draft token's cost, from forwards that did not catch up with a stretch of context
         per_token = sum(seconds) / k if caught_up else sum(seconds[1:]) / (k - 1) if k > 1 else None
         self.per_token = per_token or self.per_token
         return out, None if sampler.greedy else q
+
+    def step_seconds(self, token: int) -> float:
+        """Seconds of a decode step of the draft model (one token on a scratch cache; the second of two, the
+        first may load what the model needs): what a draft token costs, known before any catch-up."""
+        cache = self.model.make_cache(4)
+        for _ in range(2):
+            start = time.perf_counter()
+            self.model.forward([token], cache, last_only=True)
+            seconds = time.perf_counter() - start
+            truncate(cache, 0)
+        return seconds
+
+    def catch_up_pays(self, behind: int, left: int) -> bool:
+        """Whether feeding the draft model the `behind` tokens it has not seen could be won back by drafting
+        over the `left` tokens still to come (a few tokens behind, as when it follows the context: always)."""
+        if behind <= self.policy.max_draft + 1:
+            return True
+        step = self.policy.seconds.get(1)   # the model's one-row forward, once timed
+        if self.per_prompt_token is not None and step:
+            cost = self.per_prompt_token / step
+        else:
+            cost = self.PREFILL_SHARE * self.policy.draft_cost
+        return behind * cost <= left * (1 - 1 / self.policy.best_gain())
 
     def _pick(self, scores: np.ndarray, sampler, rng, q: list) -> int:
         if sampler.greedy:
@@ -332,13 +392,20 @@ def make_drafter(model, tokenizer, options):
     max_draft = 16 if options.draft_tokens is None else options.draft_tokens
     if max_draft == 0 or not (options.prompt_lookup or options.draft_model):
         return None
+    costs = PRIOR_COST_STORED if kept_stored(model.params) else PRIOR_COST
     if options.prompt_lookup:
-        return PromptLookup(max_draft)
+        return PromptLookup(max_draft, costs=costs)
     draft, draft_tokenizer = options.draft_model
     check_same_vocabulary(tokenizer, draft_tokenizer, model, draft)
     # a decode step reads every weight: a draft token costs about the draft's share of the two (until measured)
     return DraftModel(draft, max_draft, min(model.config.vocab_size, draft.config.vocab_size),
-                      cost=draft.n_params / model.n_params)
+                      cost=draft.n_params / model.n_params, costs=costs)
+
+
+def kept_stored(params: dict) -> bool:
+    """Whether a model's projections are kept in a stored type (a GGUF, a 16-bit checkpoint): its first layer's."""
+    layer = (params.get("layers") or [{}])[0]
+    return any(isinstance(v, STORED) or isinstance(v, list) and bool(v) and isinstance(v[0], STORED) for v in layer.values())
 
 
 def check_same_vocabulary(tokenizer, draft_tokenizer, model, draft):
