@@ -48,3 +48,37 @@ def test_the_references_cover_what_matters():
     assert any("漢字" in (r["text"] or "") for r in REFS["renders"])
     with_tools = {r["template"] for r in REFS["renders"] if r.get("tools") and r["text"] and "get_weather" in r["text"]}
     assert len(with_tools) >= 6   # the templates that render tools: Qwen2.5, Qwen3, Llama 3.2, Mistral, Granite, LFM2.5
+
+
+def test_a_render_forks_inside_the_guard_of_its_thread_and_renders_outside_it():
+    """The server's ForkGate is held for the fork alone (template.fork_inside): the child, forked inside the guard,
+    renders while the parent has left it (its template reads a byte the guard's exit writes, in the parent:
+    held over the render, the two would wait for each other until the time limit); a render on another
+    thread, or outside the context, forks without it."""
+    import os
+    import threading
+    from contextlib import contextmanager
+    from minigen.text import template
+
+    entered = []
+
+    @contextmanager
+    def guard():
+        entered.append(threading.get_ident())
+        yield
+        os.write(w, b"x")   # left, in the parent: the child may go on
+
+    r, w = os.pipe()
+    try:
+        with template.fork_inside(guard):
+            text = render_chat_template("{{ wait() }}", [], False, wait=lambda: os.read(r, 1).decode())
+            other = []
+            t = threading.Thread(target=lambda: other.append(render_chat_template("{{ 1 + 1 }}", [], False)))
+            t.start()
+            t.join()
+        after = render_chat_template("{{ 2 + 2 }}", [], False)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert text == "x" and entered == [threading.get_ident()]   # once, on this thread
+    assert other == ["2"] and after == "4"

@@ -10,6 +10,7 @@ import time
 from typing import Callable, Iterator
 
 from ..text.stream import TextStream
+from ..text.template import fork_inside
 from .api import Request, logprob_entry
 from .scheduler import Failed, ForkGate, Job
 
@@ -80,7 +81,7 @@ class Output:
 class Locked:
     """The tokenizer, one call at a time. Its guard against Rust panics points the process's fd 2 at a
     temporary file during each call (text/tokenizer.py): two threads at once could leave it there. The
-    chat template forks its renderer: that goes through the scheduler's ForkGate."""
+    chat template forks its renderer: the fork (not the render) goes through the scheduler's ForkGate."""
 
     def __init__(self, tokenizer, gate: ForkGate):
         self.inner, self.lock, self.gate = tokenizer, threading.RLock(), gate
@@ -97,7 +98,7 @@ class Locked:
             return self.inner.decode(*args, **kwargs)
 
     def apply_chat_template(self, *args, **kwargs):
-        with self.gate.forking(), self.lock:
+        with fork_inside(self.gate.forking), self.lock:   # the gate held for the fork alone, not the render
             return self.inner.apply_chat_template(*args, **kwargs)
 
     def id_to_token(self, token: int) -> str | None:

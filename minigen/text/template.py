@@ -17,8 +17,10 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 import warnings
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 
 from ..errors import MinigenError
@@ -29,6 +31,23 @@ now = datetime.now   # the clock a template's strftime_now reads (Granite's "Tod
 TIME_LIMIT = 5.0             # seconds to render (real templates take milliseconds)
 MEMORY_LIMIT = 512 * MiB     # address space the renderer may add to what the process has
 OUTPUT_BASE = MiB            # characters of rendered text beyond twice the messages' own
+
+
+_fork = threading.local()   # .guard: what this thread's renders make their fork inside (fork_inside)
+
+
+@contextmanager
+def fork_inside(guard):
+    """Renders on this thread, within this context, fork their child inside `guard()`, a context manager, and
+    only the fork: the server's (serve/scheduler.ForkGate.forking) waits for the model's running step and holds
+    back the next one while OpenBLAS's fork handler stops its threads, and need not hold it while the child
+    renders."""
+    previous = getattr(_fork, "guard", None)
+    _fork.guard = guard
+    try:
+        yield
+    finally:
+        _fork.guard = previous
 
 
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
@@ -93,15 +112,15 @@ def _render_isolated(template: str, variables: dict, limit: int) -> str:
     import jinja2.ext  # noqa: F401
     import jinja2.sandbox  # noqa: F401
     read, write = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12 warns about fork in a threaded process: the child only renders
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: render, send b"T" + length + text or b"E" + one line, and leave without cleanup
-        try:
-            os.close(read)
-            _child(template, variables, limit, write)
-        finally:
-            os._exit(0)
+    with warnings.catch_warnings(), (getattr(_fork, "guard", None) or nullcontext)():
+        warnings.simplefilter("ignore", DeprecationWarning)   # Python 3.12 warns about fork in a threaded process:
+        pid = os.fork()                                       # the child only renders
+        if pid == 0:  # the child: render, send b"T" + length + text or b"E" + one line, and leave without cleanup
+            try:      # (nothing after os._exit runs in it: not the guard's exit, which is the parent's)
+                os.close(read)
+                _child(template, variables, limit, write)
+            finally:
+                os._exit(0)
     os.close(write)
     try:
         data = _read_until(read, time.monotonic() + TIME_LIMIT, 4 * limit + 9)  # UTF-8: at most 4 bytes a character
