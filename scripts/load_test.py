@@ -151,14 +151,15 @@ def figures(results: list[Result], wall: float) -> dict:
             "token p50": pct(gaps, 50), "token p99": pct(gaps, 99), "wall": wall,
             # prompt tokens the server computed (not taken from its prefix cache) per completion token: a step
             # batches the running sequences' next tokens, but a prompt's rows cost the same batched or not
-            "prompt/completion": sum(r.prompt - r.cached for r in streamed) / max(1, sum(r.tokens for r in streamed))}
+            "prompt/completion": sum(r.prompt - r.cached for r in streamed) / max(1, sum(r.tokens for r in streamed)),
+            "cached": sum(r.cached for r in streamed) / max(1, sum(r.prompt for r in streamed))}
 
 
 def line(name: str, f: dict) -> str:
     return (f"{name:<26} {f['requests']:>4} req  {f['requests/s']:6.2f} req/s  {f['tokens/s']:7.1f} tok/s  "
             f"TTFT p50 {f['ttft p50']:6.2f} s  p99 {f['ttft p99']:6.2f} s  per token p50 {1000 * f['token p50']:6.1f} ms  "
             f"p99 {1000 * f['token p99']:6.1f} ms  prompt tokens computed per completion token "
-            f"{f['prompt/completion']:.2f}  ({f['wall']:.1f} s)")
+            f"{f['prompt/completion']:.2f} ({100 * f['cached']:.0f} % from the prefix cache)  ({f['wall']:.1f} s)")
 
 
 def check(results: list[Result], port: int, timeout: float) -> list[str]:
