@@ -314,15 +314,16 @@ class DraftModel:
         self.spent = 0.0
         if k == 0:
             return [], None
+        start = time.perf_counter()
         behind = len(tokens) - common_prefix(self.cached, tokens[:-1])
         if left is not None and behind > self.policy.max_draft + 1:
             if self.per_token is None and 1 in self.policy.seconds:   # a draft token's cost, before paying a catch-up
-                self.per_token = self.spent = self.step_seconds(tokens[-1])
+                self.per_token = self.step_seconds(tokens[-1])
                 self.policy.draft_cost = self.per_token / self.policy.seconds[1]
             if not self.catch_up_pays(behind, left):
                 self.policy.probed = False
+                self.spent = time.perf_counter() - start   # not the model's forward's (feedback)
                 return [], None
-        start = time.perf_counter()
         keep = self.model.resume(self.cache, common_prefix(self.cached, tokens[:-1]), len(tokens))   # a snapshot, or 0
         feed, out, q, seconds = tokens[keep:], [], [], []
         caught_up = len(feed) <= self.policy.max_draft + 1   # not behind by an idle stretch
