@@ -611,10 +611,12 @@ def _dequantise(plan: Plan, t: _Tensor):
         yield w
 
 
-def read_rows(source: Path, offset: int, row_bytes: int, rows: int, name: str) -> np.ndarray:
+def read_rows(source: Path, offset: int, row_bytes: int, rows: int, name: str, into: np.ndarray | None = None) -> np.ndarray:
     """`rows` rows of a tensor as the file stores them, (rows, row bytes) uint8: one plain read (no memory
-    map keeps them resident)."""
-    raw = np.empty((rows, row_bytes), np.uint8)
+    map keeps them resident), into `into` (C-contiguous, that shape) if given."""
+    raw = np.empty((rows, row_bytes), np.uint8) if into is None else into
+    if raw.shape != (rows, row_bytes) or not raw.flags.c_contiguous:
+        raise ValueError(f"read_rows: {name}: into must be C-contiguous ({rows}, {row_bytes}) uint8")
     with open(source, "rb") as f:
         f.seek(offset)
         if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:

@@ -106,14 +106,16 @@ def _stored(plan: Plan, src: Source, parts: list[_Tensor]):
             raw = np.concatenate([_rows(plan, h, e * rows, rows) for h in (t, t.up) if h is not None])
             mats.append(StoredMatrix.from_bytes(raw, type, src.shape[1:], f"{t.gguf_name}[{e}]"))
         return stack(mats)
-    pieces = []
-    for t in parts:
-        for h in (t, t.up) if t.up is not None else (t,):
-            raw = _rows(plan, h, 0, h.rows)                                  # (rows, row bytes) uint8
-            if h.fix in ROW_FIXES - {None}:
-                raw = FIXES[h.fix](raw, cfg)
-            pieces.append(raw)
-    raw = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    # the parts read straight into their rows of one array: no joined copy (each fresh buffer is first-touched
+    # memory, dear here: the 1.5B Q4_K_M's fused q/k/v and gate/up were ~0.5 GB of such copies)
+    raw = np.empty((sum(h.rows for h in halves), halves[0].row_bytes), np.uint8)   # one type, one width: same row bytes
+    at = 0
+    for h in halves:
+        rows = raw[at:at + h.rows]                                           # (rows, row bytes) uint8
+        read_rows(plan.source, h.offset, h.row_bytes, h.rows, h.gguf_name, into=rows)
+        if h.fix in ROW_FIXES - {None}:
+            rows[...] = FIXES[h.fix](rows, cfg)
+        at += h.rows
     if src.fix in ROW_FIXES - {None}:
         raw = FIXES[src.fix](raw, cfg)
     return StoredMatrix.from_bytes(np.ascontiguousarray(raw), type, src.shape, parts[0].gguf_name)
