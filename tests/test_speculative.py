@@ -236,25 +236,28 @@ def test_a_probe_that_keeps_its_drafts_is_followed_by_another_soon():
     assert wasted / 1000 < 0.03, calls
 
 
+class OneSecondARow:
+    """A model whose forwards advance `clock` (the drafter's perf_counter, monkeypatched) by a second a row."""
+
+    def __init__(self, model, clock: list):
+        self.model, self.clock, self.config = model, clock, model.config
+
+    def make_cache(self, capacity):
+        return self.model.make_cache(capacity)
+
+    def resume(self, cache, common, total):
+        return self.model.resume(cache, common, total)
+
+    def forward(self, feed, cache, last_only=False):
+        self.clock[0] += len(feed)
+        return self.model.forward(feed, cache, last_only=last_only)
+
+
 def test_a_draft_tokens_cost_leaves_out_catching_up_with_the_context(monkeypatch):
     model, tok, ids = fixture("llama_gqa3")
     clock = [0.0]
     monkeypatch.setattr(S.time, "perf_counter", lambda: clock[0])
-
-    class Timed:   # the fixture's model at one second a row
-        config = model.config
-
-        def make_cache(self, capacity):
-            return model.make_cache(capacity)
-
-        def resume(self, cache, common, total):
-            return model.resume(cache, common, total)
-
-        def forward(self, feed, cache, last_only=False):
-            clock[0] += len(feed)
-            return model.forward(feed, cache, last_only=last_only)
-
-    d = S.DraftModel(Timed(), 16)
+    d = S.DraftModel(OneSecondARow(model, clock), 16)
     d.policy.choose = lambda kind, available: 4
     out, _ = d.draft(ids, 10, make_sampler(0.0), [], None)   # 40 ids behind: the first forward catches up
     assert len(out) == 4 and d.spent == len(ids) + 3 and d.per_token == 1.0
@@ -284,21 +287,7 @@ def test_a_draft_model_catches_up_only_where_drafting_could_win_it_back(monkeypa
     model, tok, ids = fixture("llama_gqa3")
     clock = [0.0]
     monkeypatch.setattr(S.time, "perf_counter", lambda: clock[0])
-
-    class Timed:   # the fixture's model at one second a row
-        config = model.config
-
-        def make_cache(self, capacity):
-            return model.make_cache(capacity)
-
-        def resume(self, cache, common, total):
-            return model.resume(cache, common, total)
-
-        def forward(self, feed, cache, last_only=False):
-            clock[0] += len(feed)
-            return model.forward(feed, cache, last_only=last_only)
-
-    d = S.DraftModel(Timed(), 4, cost=0.1)
+    d = S.DraftModel(OneSecondARow(model, clock), 4, cost=0.1)
     d.policy.choose = lambda kind, available: 4
     behind = len(ids)                       # 40: the prompt, all of it new to the draft model
     gain = d.policy.best_gain()             # at the prior costs: a draft token a tenth of a forward
