@@ -268,7 +268,6 @@ def test_a_draft_tokens_cost_leaves_out_catching_up_with_the_context(monkeypatch
     assert d.spent == 4 and d.per_token == 1.0
 
 
-
 def test_the_policy_starts_from_the_forward_costs_of_the_weights_kind():
     """A model whose weights are kept stored starts from the stored kernels' costs (rows beyond one bound by
     arithmetic: 8 rows ~2.7 forwards), a float32 one from OpenBLAS's (~2); measured costs then replace both."""
@@ -279,6 +278,7 @@ def test_the_policy_starts_from_the_forward_costs_of_the_weights_kind():
         drafting = S.make_drafter(m, tok, Options.of(draft_model=(model, tok)))
         assert lookup.policy.prior_costs is costs and drafting.policy.prior_costs is costs
         assert lookup.policy.cost(8) == costs[8]
+
 
 def test_a_draft_model_catches_up_only_where_drafting_could_win_it_back(monkeypatch):
     """The first draft feeds the draft model the whole prompt: made when the drafts to come could repay it

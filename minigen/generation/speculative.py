@@ -315,8 +315,9 @@ class DraftModel:
         if k == 0:
             return [], None
         start = time.perf_counter()
-        behind = len(tokens) - common_prefix(self.cached, tokens[:-1])
-        if left is not None and behind > self.policy.max_draft + 1:
+        common = common_prefix(self.cached, tokens[:-1])
+        behind = len(tokens) - common
+        if left is not None and behind > self.policy.max_draft + 1:   # not following closely: a catch-up
             if self.per_token is None and 1 in self.policy.seconds:   # a draft token's cost, before paying a catch-up
                 self.per_token = self.step_seconds(tokens[-1])
                 self.policy.draft_cost = self.per_token / self.policy.seconds[1]
@@ -324,7 +325,7 @@ class DraftModel:
                 self.policy.probed = False
                 self.spent = time.perf_counter() - start   # not the model's forward's (feedback)
                 return [], None
-        keep = self.model.resume(self.cache, common_prefix(self.cached, tokens[:-1]), len(tokens))   # a snapshot, or 0
+        keep = self.model.resume(self.cache, common, len(tokens))   # a snapshot, or 0
         feed, out, q, seconds = tokens[keep:], [], [], []
         caught_up = len(feed) <= self.policy.max_draft + 1   # not behind by an idle stretch
         for _ in range(k):
@@ -361,9 +362,7 @@ class DraftModel:
 
     def catch_up_pays(self, behind: int, left: int) -> bool:
         """Whether feeding the draft model the `behind` tokens it has not seen could be won back by drafting
-        over the `left` tokens still to come (a few tokens behind, as when it follows the context: always)."""
-        if behind <= self.policy.max_draft + 1:
-            return True
+        over the `left` tokens still to come."""
         step = self.policy.seconds.get(1)   # the model's one-row forward, once timed
         if self.per_prompt_token is not None and step:
             cost = self.per_prompt_token / step
