@@ -119,6 +119,7 @@ def interrupt_generation(monkeypatch, after: int):
     monkeypatch.setattr(module, "decode", interrupted)
 
 
+@pytest.hookimpl(trylast=True)   # after -k and -m have deselected what they do
 def pytest_collection_modifyitems(session, config, items):
     """Starts the AVX2 kernels' check (test_quant_kernels.start_avx2_check: a subprocess compiling for ~60 s)
     as soon as the suite is known to run it, in a temporary directory, so that it runs beside the other tests."""

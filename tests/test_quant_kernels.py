@@ -307,3 +307,34 @@ def test_kernels_as_an_avx2_cpu_runs_them_equal_the_numpy_twin(kernels, tmp_path
     run = getattr(request.config, "minigen_avx2_check", None) or start_avx2_check(str(tmp_path))
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["pshufb", "portable"])
+def test_iq4_lookup_gives_every_code_its_value(kernels, monkeypatch, shuffle):
+    """The IQ4 kernels' table lookup (kernels._iq4_values), compiled alone at each pass width: by the CPU's
+    byte shuffle, and by the portable selects a CPU without one gets: code q becomes IQ4_VALUES[q]."""
+    import ctypes
+    from llvmlite import binding, ir
+    from minigen.engine.quant import formats, kernels as k
+    if not shuffle:
+        monkeypatch.setattr(k, "SHUFFLE", {})
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    for n in (k.LANES, 2 * k.LANES, 4 * k.LANES):      # the pass widths: a piece, ROWS_PASS, PASS
+        module = ir.Module(name=f"iq4_{n}")
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), ir.FloatType().as_pointer()]), "lookup")
+        b = ir.IRBuilder(fn.append_basic_block())
+        unit = k._Unit.__new__(k._Unit)                 # what _iq4_values uses of a unit: its builder and pieces
+        unit.b, unit.width, unit.pieces = b, n, list(range(0, n, k.LANES))
+        codes = b.load(b.bitcast(fn.args[0], ir.VectorType(i8, n).as_pointer()), align=1)
+        for j, v in enumerate(k._iq4_values(unit, codes)):
+            b.store(v, b.bitcast(b.gep(fn.args[1], [ir.Constant(i64, j * k.LANES)]), v.type.as_pointer()), align=4)
+        b.ret_void()
+        target = binding.Target.from_default_triple().create_target_machine(   # each engine owns its own
+            cpu=binding.get_host_cpu_name(), features=binding.get_host_cpu_features().flatten())
+        engine = binding.create_mcjit_compiler(binding.parse_assembly(str(module)), target)
+        engine.finalize_object()
+        run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(engine.get_function_address("lookup"))
+        q = np.resize(np.arange(16, dtype=np.uint8)[::-1], n)
+        out = np.empty(n, np.float32)
+        run(q.ctypes.data, out.ctypes.data)
+        assert np.array_equal(out, formats.IQ4_VALUES[q]), (n, out[:16])
