@@ -1,5 +1,5 @@
 """The product with activations rounded to int8 per block of 32 inputs, and integer dot products:
-llama.cpp's way to multiply by Q4_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1) weights, offered as an option
+llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1) weights, offered as an option
 because it is not exact (the default, kernels.py, multiplies the exact float32 values).
 
 Each row x (in,) becomes, per block of 32 inputs, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
@@ -19,7 +19,7 @@ tiles as they are (no second copy of the weights): 4 byte rows of the block (4 c
 their nibbles) for those 16 outputs are interleaved in registers (vpermt2b) so that each 32-bit lane
 holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activations broadcast from
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
-stored, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums per 16 inputs (xs):
+stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums per 16 inputs (xs):
 dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
@@ -259,16 +259,21 @@ def _int8_kernel(kind: str, doc: str):
     return fn
 
 
-def _emit_k4(p: _Pass):
-    """Q4_K unit c: qs byte 20 + 32c + l (the tiles' rows, formats.UNPACKED_SCALES) holds input l of group 2c
-    (low nibble) and of 2c + 1 (high);
-    acc += dx_2c·(s·D_2c − o·xs_2c) + dx_2c+1·(s2·D_2c+1 − o2·xs_2c+1)."""
+def _emit_k45(p: _Pass, row_qs: int, fifth: bool):
+    """Q4_K, Q5_K unit c: qs byte row_qs + 32c + l (the tiles' rows, formats.UNPACKED_SCALES) holds input l of
+    group 2c (low nibble) and of 2c + 1 (high); Q5_K's qh byte 20 + l, bit g: the fifth bit of input l of group
+    g (codes 0..31); acc += dx_2c·(s·D_2c − o·xs_2c) + dx_2c+1·(s2·D_2c+1 − o2·xs_2c+1)."""
     b = p.b
-    rows = p.add(b.mul(p.u, p.i64(32)), 20)
+    rows = p.add(b.mul(p.u, p.i64(32)), row_qs)
+    g = b.trunc(b.mul(p.u, p.i64(2)), I8)
 
     def streams(step):
         l = b.mul(step, p.i64(4))
         lo, hi = _nibbles(b, p.quad(b.add(rows, l)))
+        if fifth:   # bit g (and g + 1) of the 4 inputs' qh bytes, moved to bit 4
+            qh = b.bitcast(p.quad(p.add(20, l)), _vec(I8, 64))
+            bit = lambda at: b.shl(b.and_(b.lshr(qh, p.splat(at, I8, 64)), _bytes(64, 1)), _bytes(64, 4))
+            lo, hi = b.or_(lo, bit(g)), b.or_(hi, bit(b.add(g, ir.Constant(I8, 1))))
         return [(lo, l), (hi, b.add(l, p.i64(32)))]
     sums = p.sums(8, streams)
     s, o, s2, o2 = p.scales
@@ -363,7 +368,7 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
         p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), value))
 
 
-EMIT = {8: _emit_k4, 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
+EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True), 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
         4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
         6: lambda p: _emit_legacy(p, 4, 8, 0, True)}   # by KINDS' number
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
@@ -373,8 +378,8 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
-_q4_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(k, f"{k} times int8 activations")
-                                                   for k in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
+_q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(k, f"{k} times int8 activations") for k in
+                                                          ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
 
 
 @njit(inline="always", **JIT)
@@ -383,6 +388,8 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
     if kind == 8:
         _q4_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
+    elif kind == 9:
+        _q5_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 10:
         _q6_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 7:
