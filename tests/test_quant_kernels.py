@@ -338,3 +338,27 @@ def test_iq4_lookup_gives_every_code_its_value(kernels, monkeypatch, shuffle):
         out = np.empty(n, np.float32)
         run(q.ctypes.data, out.ctypes.data)
         assert np.array_equal(out, formats.IQ4_VALUES[q]), (n, out[:16])
+
+
+def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
+    """numba's cache of the kernels lives in a directory named by a hash of every kernel source (numba itself
+    checks only the file of the function it loads: int8.py's code, built from kernels.py's IR, would stay
+    cached after kernels.py changed). Here: the cache of int8's product is under it, and it changes when
+    any one of the files does."""
+    import os
+    import shutil
+    from pathlib import Path
+    import numba
+    from minigen.engine.quant import int8, kernels as k
+    assert numba.config.CACHE_DIR == k.sources_cache_dir(os.environ["NUMBA_CACHE_DIR"])   # conftest sets it
+    assert int8._times._cache._cache_path.startswith(numba.config.CACHE_DIR + os.sep)
+    here = Path(k.__file__).parent
+    shutil.copytree(here, tmp_path / "quant", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(here.parent / "compiled.py", tmp_path / "compiled.py")
+    seen = {k.sources_cache_dir("base", tmp_path / "quant")}
+    assert seen == {k.sources_cache_dir("base", here)}
+    for name in ("quant/kernels.py", "quant/formats.py", "compiled.py"):
+        with open(tmp_path / name, "a") as f:
+            f.write("\n# changed\n")
+        seen.add(k.sources_cache_dir("base", tmp_path / "quant"))
+    assert len(seen) == 4 and all(d.startswith(os.path.join("base", "minigen-")) for d in seen)

@@ -82,6 +82,26 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import numba   # noqa: E402
 import numpy as np   # noqa: E402
+
+
+def sources_cache_dir(base: str | None = None, here=None) -> str:
+    """numba's cache directory for this version of the kernels' sources: `base` (NUMBA_CACHE_DIR where the
+    user set it, else ~/.cache/minigen/numba), then a hash of minigen/engine/quant/*.py and compiled.py. numba
+    checks only the file of the function it loads from its cache, and int8.py's and compiled.py's kernels are
+    compiled from this module's IR and formats.py's layouts: a change to those alone would leave their cached
+    code stale, and a product wrong or crashing until the cache is removed."""
+    import hashlib
+    from pathlib import Path
+    here = Path(here or Path(__file__).resolve().parent)
+    digest = hashlib.sha256()
+    for path in sorted(here.glob("*.py")) + [here.parent / "compiled.py"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    base = base or numba.config.CACHE_DIR or str(Path.home() / ".cache" / "minigen" / "numba")
+    return os.path.join(base, f"minigen-{digest.hexdigest()[:16]}")
+
+
+# before any function below (or in int8.py, compiled.py) is compiled or loaded with cache=True
+numba.config.CACHE_DIR = sources_cache_dir()
 from . import formats   # noqa: E402
 from .formats import UNIT_INPUTS, UNPACKED_SCALES   # noqa: E402
 from llvmlite import binding, ir   # noqa: E402
