@@ -362,3 +362,13 @@ def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
             f.write("\n# changed\n")
         seen.add(k.sources_cache_dir("base", tmp_path / "quant"))
     assert len(seen) == 4 and all(d.startswith(os.path.join("base", "minigen-")) for d in seen)
+
+
+def test_kernels_cache_falls_back_where_it_cannot_be_written(kernels, tmp_path):
+    """A cache directory that cannot be made (its path runs through a file: even root cannot) gives way to the
+    next candidate (kernels.py: the home directory's cache, then the system's temporary directory)."""
+    from minigen.engine.quant import kernels as k
+    (tmp_path / "file").write_text("not a directory")
+    blocked, free = str(tmp_path / "file" / "cache"), str(tmp_path / "cache")
+    assert k.writable_cache_dir(blocked, free) == free and (tmp_path / "cache").is_dir()
+    assert k.writable_cache_dir(free, blocked) == free

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import threading
 from contextlib import contextmanager, nullcontext
 
@@ -100,8 +101,23 @@ def sources_cache_dir(base: str | None = None, here=None) -> str:
     return os.path.join(base, f"minigen-{digest.hexdigest()[:16]}")
 
 
-# before any function below (or in int8.py, compiled.py) is compiled or loaded with cache=True
-numba.config.CACHE_DIR = sources_cache_dir()
+def writable_cache_dir(*candidates: str) -> str:
+    """The first of the candidate directories that can be made and written (as root, where permissions do not
+    stop a write, a path through a file still cannot be made); the last if none can."""
+    for d in candidates:
+        try:
+            os.makedirs(d, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            pass
+    return candidates[-1]
+
+
+# before any function below (or in int8.py, compiled.py) is compiled or loaded with cache=True; where the home
+# directory cannot be written (a read-only container), the system's temporary directory
+numba.config.CACHE_DIR = writable_cache_dir(sources_cache_dir(), sources_cache_dir(
+    os.path.join(tempfile.gettempdir(), f"minigen-numba-{getattr(os, 'getuid', lambda: 0)()}")))
 from . import formats   # noqa: E402
 from .formats import UNIT_INPUTS, UNPACKED_SCALES   # noqa: E402
 from llvmlite import binding, ir   # noqa: E402
