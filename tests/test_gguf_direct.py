@@ -139,9 +139,12 @@ def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, t
 
 # --- --activations int8 -----------------------------------------------------------------------------------
 
+INT8_IN_QUANTS = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"}   # quants.gguf's types with int8 products
+
+
 def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch, tmp_path):
-    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0 beside Q2_K, Q3_K,
-    IQ4_NL, IQ4_XS and float32): every product with a matrix of those six types rounds its activations, each
+    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS beside
+    Q2_K, Q3_K and float32): every product with a matrix of those eight types rounds its activations, each
     call in the forward equal to its NumPy twin (int8.reference) on the same input, the others stay exact;
     the logits differ from the exact model's by what the rounding costs (not zero: the option is on).
     Each call is compared on its own input, not a whole forward against a twin forward: rounding to int8
@@ -154,7 +157,7 @@ def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch
     exact = load_gguf(GGUF / "quants.gguf")
     fast = minigen.engine.model.Model(exact.config, with_int8_activations(exact.params, "quants.gguf"),
                                       exact.generation_config, exact.path)
-    assert int8_types(fast.params) == {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"} and not int8_types(exact.params)
+    assert int8_types(fast.params) == INT8_IN_QUANTS and not int8_types(exact.params)
     calls, kernel = [], matrix.StoredMatrix.times_int8
 
     def recorded(m, x, threads=None):
@@ -163,7 +166,7 @@ def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch
         return y
     monkeypatch.setattr(matrix.StoredMatrix, "times_int8", recorded)
     got = fast.logits(PROMPT)
-    assert {m.type for m, _, _ in calls} == {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"}
+    assert {m.type for m, _, _ in calls} == INT8_IN_QUANTS
     for m, x, y in calls:
         close(y, int8.reference(m, x))
     ref = exact.logits(PROMPT)

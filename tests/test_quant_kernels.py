@@ -199,7 +199,7 @@ def test_refusals():
 
 # --- the int8-activation option ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_int8_equals_its_numpy_twin(kernels, matrices, name):
     """int8.reference: activations rounded per block of 32 (llama.cpp's quantize_row_q8_0) times the
     exact weights, in NumPy; the kernel's integer dot products equal it to float32's rounding. And its
@@ -217,7 +217,7 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
         assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_int8_sums_hold_the_extreme_codes(kernels, name):
     """The integer sums where they are largest: every code byte 0xFF, 0x80 or 0x7F (the largest unsigned
     codes; Q8_0's -1, -128, 127) times activations rounded to +-127 of one sign, or of alternating signs

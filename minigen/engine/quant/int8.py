@@ -1,5 +1,5 @@
 """The product with activations rounded to int8 per block of 32 inputs, and integer dot products:
-llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1) weights, offered as an option
+llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS) weights, offered as an option
 because it is not exact (the default, kernels.py, multiplies the exact float32 values).
 
 Each row x (in,) becomes, per block of 32 inputs, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
@@ -19,7 +19,7 @@ tiles as they are (no second copy of the weights): 4 byte rows of the block (4 c
 their nibbles) for those 16 outputs are interleaved in registers (vpermt2b) so that each 32-bit lane
 holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activations broadcast from
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
-stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63) and the offset comes out with the row's code sums per 16 inputs (xs):
+stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes out with the row's code sums per 16 inputs (xs):
 dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
@@ -44,8 +44,9 @@ from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
-from .kernels import AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, ir_half, ir_prefetch_share, ir_scales, ir_splat
-from .formats import INT8_TYPES
+from .kernels import (AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, ir_half, ir_prefetch_share, ir_scales, ir_splat,
+                      ir_table16)
+from .formats import INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
 TYPES = INT8_TYPES   # what this module multiplies
@@ -339,6 +340,27 @@ def _emit_q8(p: _Pass):
         p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fmul(p.scales[0], total)))
 
 
+def _emit_iq4(p: _Pass, xs: bool):
+    """IQ4_NL (qs at byte 2), IQ4_XS unit g (its 16 bytes at 8 + 16g): byte l holds inputs l (low nibble) and
+    l + 16 (high), as Q4_0's; a code q stands for IQ4_VALUES[q] (-127 ... 113), looked up as a byte
+    (kernels.ir_table16): as it is where the sums are signed (SIGNED_CODES: acc += dx·s·D), else plus 128
+    (1 ... 241, unsigned: acc += dx·s·(D − 128·xs)), with s = d or d·(sc − 32)."""
+    b = p.b
+    first = p.add(b.mul(p.u, p.i64(16)), 8) if xs else p.i64(2)
+    table = [int(v) if SIGNED_CODES else (int(v) + 128) - (256 if int(v) >= 0 else 0) for v in IQ4_VALUES]
+
+    def streams(step):
+        l = b.mul(step, p.i64(4))
+        lo, hi = _nibbles(b, p.quad(b.add(first, l)))
+        return [(ir_table16(b, lo, table), l), (ir_table16(b, hi, table), b.add(l, p.i64(16)))]
+    c128 = p.fsplat(ir.Constant(FLOAT, 128.0))
+    for r, (first_sum, second) in enumerate(p.sums(4, streams, "signed" if SIGNED_CODES else "unsigned")):
+        total = b.fadd(first_sum, second)
+        if not SIGNED_CODES:
+            total = b.fsub(total, b.fmul(c128, b.fadd(p.xsum(r, 0), p.xsum(r, 1))))
+        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fmul(p.scales[0], total)))
+
+
 def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
     """Q4_0, Q4_1, Q5_0, Q5_1: qs byte l holds inputs l (low nibble) and l + 16 (high); Q5's qh bit i
     (byte i // 8, bit i % 8) input i's fifth bit. With m: acc += dx·(d·D + m·xs); else
@@ -370,16 +392,18 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
 
 EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True), 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
         4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
-        6: lambda p: _emit_legacy(p, 4, 8, 0, True)}   # by KINDS' number
+        6: lambda p: _emit_legacy(p, 4, 8, 0, True), 14: lambda p: _emit_iq4(p, False), 15: lambda p: _emit_iq4(p, True)}
+# by KINDS' number
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
-ROWS = tuple(4 if kind == 10 else 8 for kind in range(12))
+ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # and the rest of a product's rows HALF at a time before one at a time: a batch of 4 (or 12) took 4 one-row
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
-_q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_int8_kernel(k, f"{k} times int8 activations") for k in
-                                                          ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
+_q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _iq4_nl, _iq4_xs = (
+    _int8_kernel(k, f"{k} times int8 activations")
+    for k in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"))
 
 
 @njit(inline="always", **JIT)
@@ -400,6 +424,10 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
         _q5_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 6:
         _q5_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
+    elif kind == 14:
+        _iq4_nl(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
+    elif kind == 15:
+        _iq4_xs(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     else:
         _q4_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
 

@@ -630,31 +630,34 @@ def _emit_k23(u: _Unit, l, third: bool):
 
 def _iq4_values(u: _Unit, codes):
     """formats.IQ4_VALUES[code] for the pass's codes <width x i8> (0..15), as one <LANES x float> per piece
-    (exact): a byte shuffle looks the 16 values up as int8, 16 to 64 bytes an instruction (`pshufb`: SSSE3,
-    AVX2, AVX-512BW), as llama.cpp's IQ4 kernels do; elsewhere a tree of 15 selects per byte (portable IR).
-    Zen 5, 8960 x 1536 IQ4_XS (bench_kernels.py): one row 1.35 -> 0.43 ms, 8 rows 3.76 -> 1.24 against the
-    selects on each piece's float lanes that were here."""
-    b = u.b
-    table = [int(v) for v in formats.IQ4_VALUES]
-    n = u.width
+    (exact): looked up as int8 by ir_table16, then widened. Zen 5, 8960 x 1536 IQ4_XS (bench_kernels.py): one
+    row 1.35 -> 0.43 ms, 8 rows 3.76 -> 1.24 against the selects on each piece's float lanes that were here."""
+    values = ir_table16(u.b, codes, [int(v) for v in formats.IQ4_VALUES])
+    return [u.float(u.b.sext(v, _vec(I32))) for v in u.split(values)]
+
+
+def ir_table16(b, codes, table: list):
+    """table[code] for codes <n x i8> (0..15; n a multiple of 16), <n x i8>: a byte shuffle looks the 16
+    entries up, 16 to 64 bytes an instruction (`pshufb`: SSSE3, AVX2, AVX-512BW), as llama.cpp's IQ4 kernels
+    do; elsewhere a tree of 15 selects per byte (portable IR)."""
+    n = codes.type.count
+    row = lambda v: ir.Constant(ir.VectorType(I8, n), [v] * n)
     size = next((k for k in sorted(SHUFFLE, reverse=True) if n % k == 0 and FEATURES.get(SHUFFLE[k][0])
                  and not (AVX2_ONLY and k == 64)), None)
     if size is None:
-        level = [ir.Constant(ir.VectorType(I8, n), [v] * n) for v in table]
+        level = [row(v) for v in table]
         for bit in range(4):
-            on = b.icmp_unsigned("!=", b.and_(codes, u.bytes(1 << bit)), u.bytes(0))
+            on = b.icmp_unsigned("!=", b.and_(codes, row(1 << bit)), row(0))
             level = [b.select(on, level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)]
-        values = level[0]
-    else:
-        t = ir.VectorType(I8, size)
-        fn = b.module.declare_intrinsic(SHUFFLE[size][1], (), ir.FunctionType(t, [t, t]))
-        lookup = ir.Constant(t, [table[i % 16] for i in range(size)])   # the table in each 16-byte lane
-        take = lambda x, y, k, m: b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, m), list(range(k, k + m))))
-        parts = [b.call(fn, [lookup, codes if n == size else take(codes, codes, k, size)]) for k in range(0, n, size)]
-        while len(parts) > 1:   # joined two at a time
-            parts = [take(x, y, 0, 2 * x.type.count) for x, y in zip(parts[::2], parts[1::2])]
-        values = parts[0]
-    return [u.float(b.sext(v, _vec(I32))) for v in u.split(values)]
+        return level[0]
+    t = ir.VectorType(I8, size)
+    fn = b.module.declare_intrinsic(SHUFFLE[size][1], (), ir.FunctionType(t, [t, t]))
+    lookup = ir.Constant(t, [table[i % 16] for i in range(size)])   # the table in each 16-byte lane
+    take = lambda x, y, k, m: b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, m), list(range(k, k + m))))
+    parts = [b.call(fn, [lookup, codes if n == size else take(codes, codes, k, size)]) for k in range(0, n, size)]
+    while len(parts) > 1:   # joined two at a time
+        parts = [take(x, y, 0, 2 * x.type.count) for x, y in zip(parts[::2], parts[1::2])]
+    return parts[0]
 
 
 # the byte shuffle of each width: the CPU feature it needs, its LLVM intrinsic
