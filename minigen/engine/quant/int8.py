@@ -1,6 +1,7 @@
 """The product with activations rounded to int8 per block of 32 inputs, and integer dot products:
-llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS) weights, offered as an option
-because it is not exact (the default, kernels.py, multiplies the exact float32 values).
+llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS)
+weights, offered as an option because it is not exact (the default, kernels.py, multiplies the exact
+float32 values).
 
 Each row x (in,) becomes, per block of 32 inputs, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
 quantize_row_q8_0, which its CPU backend applies to activations beside Q4_0/Q4_1/Q8_0 weights, except
@@ -19,8 +20,8 @@ tiles as they are (no second copy of the weights): 4 byte rows of the block (4 c
 their nibbles) for those 16 outputs are interleaved in registers (vpermt2b) so that each 32-bit lane
 holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activations broadcast from
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
-stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes out with the row's code sums per 16 inputs (xs):
-dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
+stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes
+out with the row's code sums per 16 inputs (xs): dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
 Haswell to Comet Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
@@ -390,10 +391,10 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
         p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), value))
 
 
-EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True), 10: _emit_q6, 7: _emit_q8, 3: lambda p: _emit_legacy(p, 0, 2, 8, False),
-        4: lambda p: _emit_legacy(p, 0, 4, 0, True), 5: lambda p: _emit_legacy(p, 2, 6, 16, False),
-        6: lambda p: _emit_legacy(p, 4, 8, 0, True), 14: lambda p: _emit_iq4(p, False), 15: lambda p: _emit_iq4(p, True)}
-# by KINDS' number
+EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True), 10: _emit_q6, 7: _emit_q8,
+        3: lambda p: _emit_legacy(p, 0, 2, 8, False), 4: lambda p: _emit_legacy(p, 0, 4, 0, True),
+        5: lambda p: _emit_legacy(p, 2, 6, 16, False), 6: lambda p: _emit_legacy(p, 4, 8, 0, True),
+        14: lambda p: _emit_iq4(p, False), 15: lambda p: _emit_iq4(p, True)}   # by KINDS' number
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
