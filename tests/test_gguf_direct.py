@@ -139,12 +139,12 @@ def test_every_type_the_kernels_run_through_a_real_quantized_file(monkeypatch, t
 
 # --- --activations int8 -----------------------------------------------------------------------------------
 
-INT8_IN_QUANTS = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"}   # quants.gguf's types with int8 products
+INT8_IN_QUANTS = {"Q4_0", "Q4_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"}   # quants.gguf's int8 types
 
 
 def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch, tmp_path):
-    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS beside
-    Q2_K, Q3_K and float32): every product with a matrix of those eight types rounds its activations, each
+    """--activations int8 on quants.gguf (llama-quantize's Q4_0, Q4_1, Q2_K, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS
+    beside Q3_K and float32): every product with a matrix of those nine types rounds its activations, each
     call in the forward equal to its NumPy twin (int8.reference) on the same input, the others stay exact;
     the logits differ from the exact model's by what the rounding costs (not zero: the option is on).
     Each call is compared on its own input, not a whole forward against a twin forward: rounding to int8
@@ -193,9 +193,10 @@ def test_info_names_the_int8_products(tmp_path):
 
 
 def test_int8_activations_batch_equals_each_alone(monkeypatch):
-    """A sequence's products do not depend on the rows beside it (a row's integer sums and its float
-    epilogue are the same in the one-row and the many-row kernels): a batch step on the int8 path equals
-    each sequence run alone."""
+    """A sequence's products do not depend on the rows beside it: a batch step on the int8 path equals each
+    sequence run alone, to what rounding to int8 costs. Not to the bit: each int8 product's rows are the
+    same bits together and alone (test_quant_kernels), but the exact kernels' one-row form rounds otherwise
+    than their many-row one, and a last digit moved by it before an int8 product can move a code by one."""
     from minigen.checkpoint.stored import with_int8_activations
     from minigen.gguf import direct
     monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)
@@ -205,4 +206,4 @@ def test_int8_activations_batch_equals_each_alone(monkeypatch):
     prompts = [PROMPT[:3 + 2 * i] for i in range(10)]   # 10 rows: the 8-row kernel and the one-row one
     got = fast.forward_batch(prompts, [fast.make_cache() for _ in prompts])
     for p, g in zip(prompts, got):
-        close(g, fast.forward(p, fast.make_cache(), last_only=True), 1e-5)
+        close(g, fast.forward(p, fast.make_cache(), last_only=True), 1e-2)

@@ -199,7 +199,7 @@ def test_refusals():
 
 # --- the int8-activation option ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_int8_equals_its_numpy_twin(kernels, matrices, name):
     """int8.reference: activations rounded per block of 32 (llama.cpp's quantize_row_q8_0) times the
     exact weights, in NumPy; the kernel's integer dot products equal it to float32's rounding. And its
@@ -217,7 +217,7 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
         assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_int8_sums_hold_the_extreme_codes(kernels, name):
     """The integer sums where they are largest: every code byte 0xFF, 0x80 or 0x7F (the largest unsigned
     codes; Q8_0's -1, -128, 127) times activations rounded to +-127 of one sign, or of alternating signs
@@ -236,6 +236,20 @@ def test_int8_sums_hold_the_extreme_codes(kernels, name):
             ref = int8.reference(m, x)
             scale = np.abs(x) @ np.abs(w).T
             assert (np.abs(m.times_int8(x) - ref) <= 1e-5 * scale).all(), (name, fill, x[0, :4])
+
+
+def test_int8_rows_together_equal_each_alone(kernels, matrices):
+    """A row's int8 product is the same bits whether it goes through the 8-row, the 4-row or the one-row kernel:
+    the same integer sums and the same float operations in the same order (no FMA contraction, which LLVM
+    chose differently in each: a batch's rounding to int8 in the next layer then parted from the same
+    sequence alone)."""
+    from minigen.engine.quant import int8
+    rng = np.random.default_rng(11)
+    for name in int8.TYPES:
+        m, _ = matrices[name]
+        x = rng.standard_normal((13, m.shape[1])).astype(np.float32)   # 8 + 4 + 1 rows (Q6_K: 4 + 4 + 4 + 1)
+        alone = np.concatenate([m.times_int8(x[i:i + 1]) for i in range(len(x))])
+        assert np.array_equal(m.times_int8(x), alone), name
 
 
 def test_int8_activations_are_llama_cpp_s(kernels):

@@ -232,7 +232,7 @@ FORMATS = {f.name: f for f in [
 ]}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 # the types whose products can round activations to int8 (int8.py, --activations int8)
-INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 # GGUF's other types, by number, so that a refusal can name them (ggml.h)
 OTHER_GGML_TYPES = {9: "Q8_1", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",

@@ -1,5 +1,5 @@
 """The product with activations rounded to int8 per block of 32 inputs, and integer dot products:
-llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS)
+llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, Q2_K, IQ4_NL, IQ4_XS)
 weights, offered as an option because it is not exact (the default, kernels.py, multiplies the exact
 float32 values).
 
@@ -20,7 +20,7 @@ tiles as they are (no second copy of the weights): 4 byte rows of the block (4 c
 their nibbles) for those 16 outputs are interleaved in registers (vpermt2b) so that each 32-bit lane
 holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activations broadcast from
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
-stored, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes
+stored, Q2_K's 2 bits, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes
 out with the row's code sums per 16 inputs (xs): dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
 giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
@@ -51,6 +51,10 @@ from .formats import INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
 TYPES = INT8_TYPES   # what this module multiplies
+# no FMA contraction in these kernels: where LLVM fuses a multiply into an add depends on what surrounds it, so
+# the one-row and the many-row kernels rounded a row's epilogue differently (Q4_0, Q2_K, IQ4: a few ulp), and a
+# batch's int8 rounding in the next layer then parted from the same sequence run alone
+EXACT_ORDER = dict(JIT, fastmath=False)
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLOAT = ir.FloatType()
 LANES = 16
@@ -287,6 +291,25 @@ def _emit_k45(p: _Pass, row_qs: int, fifth: bool):
         p.add_to_outputs(r, b.fadd(terms[0], terms[1]))
 
 
+def _emit_q2(p: _Pass):
+    """Q2_K unit g (a group of 32 inputs, in half h = g // 4 of the super-block, field f = g % 4): input 16·q + l
+    (q = 0, 1) has its 2-bit code in bits 2f, 2f + 1 of qs byte 16 + 32h + 16q + l; a scale and an offset per 16
+    inputs: acc += dx_g·(s_0·D_0 − o_0·xs_0 + s_1·D_1 − o_1·xs_1). (Q3_K stays exact: the same with its third
+    bit from hmask and offsets 4·s was no faster than its exact product, 8960 x 1536 at 1, 8 and 16 rows.)"""
+    b = p.b
+    h, f = b.lshr(p.u, p.i64(2)), b.and_(p.u, p.i64(3))
+    qs, shift = p.add(b.mul(h, p.i64(32)), 16), p.splat(b.trunc(b.mul(f, p.i64(2)), I8), I8, 64)
+
+    def streams(step):
+        ls = [p.add(b.mul(step, p.i64(4)), 16 * half) for half in (0, 1)]
+        return [(b.and_(b.lshr(b.bitcast(p.quad(b.add(qs, l)), _vec(I8, 64)), shift), _bytes(64, 3)), l) for l in ls]
+    s0, o0, s1, o1 = p.scales
+    for r, (first, second) in enumerate(p.sums(4, streams)):
+        halves = [b.fsub(b.fmul(s, total), b.fmul(o, p.xsum(r, half)))
+                  for half, (total, s, o) in enumerate(((first, s0, o0), (second, s1, o1)))]
+        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fadd(*halves)))
+
+
 def _emit_q6(p: _Pass):
     """Q6_K unit h = half h of the block (128 inputs, quarters q = 0..3 of 32): input l of quarter q has its
     low 4 bits in ql byte 64h + 32(q % 2) + l (low nibble for q < 2, high for q >= 2), its high 2 bits in qh
@@ -394,6 +417,7 @@ def _emit_legacy(p: _Pass, row_qh: int, row_qs: int, offset: int, has_m: bool):
 EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True), 10: _emit_q6, 7: _emit_q8,
         3: lambda p: _emit_legacy(p, 0, 2, 8, False), 4: lambda p: _emit_legacy(p, 0, 4, 0, True),
         5: lambda p: _emit_legacy(p, 2, 6, 16, False), 6: lambda p: _emit_legacy(p, 4, 8, 0, True),
+        12: _emit_q2,
         14: lambda p: _emit_iq4(p, False), 15: lambda p: _emit_iq4(p, True)}   # by KINDS' number
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
 # 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
@@ -402,12 +426,12 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
-_q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _iq4_nl, _iq4_xs = (
+_q2_k, _q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _iq4_nl, _iq4_xs = (
     _int8_kernel(k, f"{k} times int8 activations")
-    for k in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"))
+    for k in ("Q2_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"))
 
 
-@njit(inline="always", **JIT)
+@njit(inline="always", **EXACT_ORDER)
 def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block for rows n0 ... (ROWS[kind] of them if many is 2, HALF[kind] if 1, else one): acc[n] (64,) += its share of
     x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
@@ -425,6 +449,8 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
         _q5_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 6:
         _q5_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
+    elif kind == 12:
+        _q2_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 14:
         _iq4_nl(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
     elif kind == 15:
@@ -433,7 +459,7 @@ def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
         _q4_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
 
 
-@njit(parallel=True, **JIT)
+@njit(parallel=True, **EXACT_ORDER)
 def _times(kind, tiles, units, unit_in, x, out):
     """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
     float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
