@@ -62,7 +62,7 @@ def load(spec: str | PathLike, dtype: str | None = None, quantize: str | None = 
     conversion or a download happens silently: `resolve(spec, note, progress)` first to hear of it.
     Weights are kept as stored (float16 and bfloat16 matrices in 16 bits) unless dtype="float32";
     quantize="Q8_0" (Q4_0, Q4_K, ...: checkpoint/stored.py) quantizes the matrices at load.
-    activations="int8": products with Q4_0 ... Q8_0, Q4_K ... Q6_K and IQ4 matrices round their activations to int8
+    activations="int8": products with Q4_0 ... Q8_0, Q2_K, Q4_K ... Q6_K and IQ4 matrices round their activations to int8
     per block of 32 and use integer dot products, as llama.cpp does (faster, not exact; default: exact)."""
     if not isinstance(spec, (str, PathLike)):
         raise MinigenError(f"minigen.load: give a checkpoint directory, a .gguf file or a hub id (a string or "

@@ -210,7 +210,7 @@ def model_option(f):
                           "Q4_K, F16 or BF16.")(f)
     f = click.option("--activations", type=click.Choice(["int8", "float32"]), expose_value=False,
                      callback=keep("minigen.activations"),
-                     help="int8: products with Q4_0 ... Q8_0, Q4_K ... Q6_K and IQ4 matrices round activations to int8 per "
+                     help="int8: products with Q4_0 ... Q8_0, Q2_K, Q4_K ... Q6_K and IQ4 matrices round activations to int8 per "
                           "block of 32 and use integer dot products, as llama.cpp does: faster, not exact "
                           "(default float32: exact).")(f)
     f = click.option("--dtype", type=click.Choice(["float32"]), expose_value=False, callback=keep("minigen.dtype"),

@@ -204,8 +204,8 @@ class StoredMatrix:
 
     def times_int8(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """x @ W.T with x rounded to int8 per block of 32 inputs and integer dot products (int8.py):
-        llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-        Q5_K, Q6_K, IQ4_NL, IQ4_XS); a model multiplies its other types' matrices with the exact kernel."""
+        llama.cpp's arithmetic, not exact; an option, for int8.TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+        Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); a model multiplies its other types' matrices with the exact kernel."""
         int8 = _compiled()[1] if HAVE_KERNELS else None
         if not HAVE_KERNELS or self.type not in int8.TYPES:
             why = "numba is not installed" if not HAVE_KERNELS else f"int8 activations run {', '.join(int8.TYPES)}"
