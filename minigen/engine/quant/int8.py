@@ -295,7 +295,7 @@ def _emit_q2(p: _Pass):
     """Q2_K unit g (a group of 32 inputs, in half h = g // 4 of the super-block, field f = g % 4): input 16·q + l
     (q = 0, 1) has its 2-bit code in bits 2f, 2f + 1 of qs byte 16 + 32h + 16q + l; a scale and an offset per 16
     inputs: acc += dx_g·(s_0·D_0 − o_0·xs_0 + s_1·D_1 − o_1·xs_1). (Q3_K stays exact: the same with its third
-    bit from hmask and offsets 4·s was no faster than its exact product, 8960 x 1536 at 1, 8 and 16 rows.)"""
+    bit from hmask and offsets 4·s took 0.92-0.97x its exact product's time, 8960 x 1536 at 1, 8 and 16 rows.)"""
     b = p.b
     h, f = b.lshr(p.u, p.i64(2)), b.and_(p.u, p.i64(3))
     qs, shift = p.add(b.mul(h, p.i64(32)), 16), p.splat(b.trunc(b.mul(f, p.i64(2)), I8), I8, 64)
