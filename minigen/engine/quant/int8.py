@@ -20,9 +20,9 @@ tiles as they are (no second copy of the weights): 4 byte rows of the block (4 c
 their nibbles) for those 16 outputs are interleaved in registers (vpermt2b) so that each 32-bit lane
 holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activations broadcast from
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
-stored, Q2_K's 2 bits, Q5_K's 5 bits 0..31, Q6_K's 6 bits 0..63, IQ4's values looked up, plus 128) and the offset comes
-out with the row's code sums per 16 inputs (xs): dx·(s·D − offset·s·xs). Q6_K is walked a half block (128 inputs) at a time, 3 interleaved byte rows
-giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
+stored, Q2_K's 2 bits, Q5_K's 5 bits, Q6_K's 6 bits, IQ4's values looked up, plus 128) and the offset
+comes out with the row's code sums per 16 inputs (xs): dx·(s·D − offset·s·xs). Q6_K is walked a half
+block (128 inputs) at a time, 3 interleaved byte rows giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
 (a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
 Haswell to Comet Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
 to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.sums: its
