@@ -245,26 +245,6 @@ def _nibbles(b, v):
     return b.and_(v, _bytes(64, 15)), b.and_(b.lshr(v, _bytes(64, 4)), _bytes(64, 15))
 
 
-def _int8_kernel(kind: str, doc: str):
-    """The intrinsic of one type: (many, blk, u, ...) with `many` a literal int, for ROWS[kind] rows (2),
-    HALF[kind] (1) or one (0)."""
-    number = KINDS[kind]
-
-    @intrinsic
-    def fn(typingctx, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
-        if not isinstance(many, types.IntegerLiteral):
-            raise RequireLiteralValue("many")   # numba types the call again with its literal value
-        nrows = (1, HALF[number], ROWS[number])[many.literal_value]
-
-        def codegen(context, builder, sig, args):
-            for j0 in range(0, TILE, LANES):
-                EMIT[number](_Pass(context, builder, sig.args[1:], args[1:], kind, j0, nrows))
-            return context.get_dummy_value()
-        return types.none(many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
-    fn.__doc__ = doc
-    return fn
-
-
 def _emit_k45(p: _Pass, row_qs: int, fifth: bool):
     """Q4_K, Q5_K unit c: qs byte row_qs + 32c + l (the tiles' rows, formats.UNPACKED_SCALES) holds input l of
     group 2c (low nibble) and of 2c + 1 (high); Q5_K's qh byte 20 + l, bit g: the fifth bit of input l of group
@@ -426,37 +406,32 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
-_q2_k, _q4_k, _q5_k, _q6_k, _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _iq4_nl, _iq4_xs = (
-    _int8_kernel(k, f"{k} times int8 activations")
-    for k in ("Q2_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"))
+NAMES = {number: name for name, number in KINDS.items()}
 
 
-@njit(inline="always", **EXACT_ORDER)
-def _unit(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
-    """Unit u of a tile block for rows n0 ... (ROWS[kind] of them if many is 2, HALF[kind] if 1, else one): acc[n] (64,) += its share of
-    x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and code sums)."""
-    if kind == 8:
-        _q4_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 9:
-        _q5_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 10:
-        _q6_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 7:
-        _q8_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 4:
-        _q4_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 5:
-        _q5_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 6:
-        _q5_1(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 12:
-        _q2_k(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 14:
-        _iq4_nl(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    elif kind == 15:
-        _iq4_xs(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
-    else:
-        _q4_0(many, blk, u, xq, n0, x0, dx, xs, g0, acc)
+@intrinsic
+def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
+    """Unit u of a tile block of type `kind` (KINDS' number, known at run time: a switch with one branch per type
+    of EMIT, Q4_0's the default) for rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1,
+    else one): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the
+    rows' activation scales and code sums)."""
+    if not isinstance(many, types.IntegerLiteral):
+        raise RequireLiteralValue("many")   # numba types the call again with its literal value
+
+    def codegen(context, builder, sig, args):
+        blocks = {number: builder.append_basic_block(NAMES[number]) for number in EMIT}
+        done = builder.append_basic_block("done")
+        switch = builder.switch(args[0], blocks[KINDS["Q4_0"]])
+        for number, block in blocks.items():
+            switch.add_case(ir.Constant(args[0].type, number), block)
+            builder.position_at_end(block)
+            nrows = (1, HALF[number], ROWS[number])[many.literal_value]
+            for j0 in range(0, TILE, LANES):
+                EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows))
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.none(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
 
 
 @njit(parallel=True, **EXACT_ORDER)
