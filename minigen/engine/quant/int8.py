@@ -143,12 +143,12 @@ class _Pass:
         at = self.at_row(r, self.xs_row, self.add(self.b.mul(self.g0, self.i64(2)), half))
         return self.fsplat(self.b.load(self.b.gep(self.xs, [at])))
 
-    def sums(self, count: int, streams, sign: str = "small"):
+    def sums(self, count: int, streams, sign: str = "small", share=(0, 1)):
         """Integer sums over `count` steps l of each stream: streams(l) -> [(codes <64 x i8> as quad()
         lays them out, first input)], for each row r the sum over l of each output's 4 codes times
         xq[n0 + r, x0 + input ... + 3] (dot4). The codes are (sign) "small" (unsigned, < 128), "unsigned" or
         "signed" (only without VNNI on AVX2: SIGNED_CODES). -> per row, [<16 x float>] per stream (exact:
-        |sum| < 2^24)."""
+        |sum| < 2^24). share (i, n): this is loop i of the n that walk the unit (its prefetches, i/n of the unit's)."""
         b = self.b
         n = len(streams(ir.Constant(I64, 0)))
         rows = range(self.nrows)
@@ -159,7 +159,7 @@ class _Pass:
                 for k, (codes, i) in enumerate(streams(step.index)):
                     for r in rows:
                         b.store(b.call(fn, [b.load(acc[r][k]), b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES)]), acc[r][k])
-                self.prefetch(step.index, count)
+                self.prefetch(step.index, count, share)
             return [[b.sitofp(b.load(a), _vec(FLOAT)) for a in row] for row in acc]
         # signed (Q8_0 on AVX2, whose flipped codes up to 255 would overflow vpmaddubsw's int16 pairs): llama.cpp's
         # sign trick turned round so that no value leaves a byte, w·x = |w|·(x·sign w), |w| <= 128 unsigned
@@ -171,7 +171,7 @@ class _Pass:
             signb = b.module.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(i8x32, [i8x32, i8x32]))
         acc = [[[cgutils.alloca_once_value(b, _const(I32, 0, 8)) for _ in range(2)] for _ in range(n)] for _ in rows]
         with cgutils.for_range(b, self.i64(count)) as step:
-            self.prefetch(step.index, count)
+            self.prefetch(step.index, count, share)
             for k, (codes, i) in enumerate(streams(step.index)):
                 parts = [b.shuffle_vector(codes, codes, ir.Constant(_vec(I32, 32), list(range(32 * h, 32 * h + 32)))) for h in range(2)]
                 sizes = [b.call(absb, [w, ir.Constant(ir.IntType(1), 0)]) for w in parts] if sign == "signed" else parts
@@ -185,12 +185,12 @@ class _Pass:
         mask = ir.Constant(_vec(I32, 16), list(range(16)))
         return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
 
-    def prefetch(self, step, count: int):
-        """Step `step` of this pass's `count`: its part of the unit's share of the block ahead, the share spread
-        over the unit's passes (kernels.ir_prefetch_share)."""
-        passes = TILE // LANES
-        at = self.b.add(step, self.i64(count * (self.j0 // LANES)))
-        ir_prefetch_share(self.b, self.base, self.kind, self.u, at, count * passes)
+    def prefetch(self, step, count: int, share=(0, 1)):
+        """Step `step` of this pass's loop `share[0]` of `share[1]`, each of `count` steps: its part of the unit's
+        share of the block ahead, the share spread over the unit's passes and loops (kernels.ir_prefetch_share)."""
+        passes, (i, n) = TILE // LANES, share
+        at = self.b.add(step, self.i64(count * (i + n * (self.j0 // LANES))))
+        ir_prefetch_share(self.b, self.base, self.kind, self.u, at, count * n * passes)
 
     def add_to_outputs(self, r, value):
         """acc[n0 + r, j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a
@@ -294,34 +294,38 @@ def _emit_q6(p: _Pass):
     """Q6_K unit h = half h of the block (128 inputs, quarters q = 0..3 of 32): input l of quarter q has its
     low 4 bits in ql byte 64h + 32(q % 2) + l (low nibble for q < 2, high for q >= 2), its high 2 bits in qh
     byte 128 + 32h + l, bits 2q; codes 0..63, value (d·sc)·(code − 32), an int8 sc per 16 inputs (bytes
-    192 + 8h + 2q, + 1). So 3 interleaved byte rows give 4 inputs of all four quarters: 8 streams (quarters
-    x inputs 0..15, 16..31). acc += sum over q, halves p: dx_q·(d·sc_qp)·(D_qp − 32·xs_qp)."""
+    192 + 8h + 2q, + 1). So 3 interleaved byte rows give 4 inputs of all four quarters: 4 streams, the
+    quarters, per part of a quarter (inputs 0..15, 16..31). acc += sum over q, parts p:
+    dx_q·(d·sc_qp)·(D_qp − 32·xs_qp)."""
     b = p.b
     h = p.u
     ql, qh = b.mul(h, p.i64(64)), p.add(b.mul(h, p.i64(32)), 128)
     bits = lambda v, shift, mask: b.and_(b.lshr(v, _bytes(64, shift)), _bytes(64, mask)) if shift else b.and_(v, _bytes(64, mask))
 
-    def streams(step):
-        out = []
-        for part in (0, 16):
-            l = p.add(b.mul(step, p.i64(4)), part)
-            a = b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64))
-            c = b.bitcast(p.quad(p.add(ql, 32, l)), _vec(I8, 64))
-            hi = b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64))
-            lows = [bits(a, 0, 15), bits(c, 0, 15), bits(a, 4, 15), bits(c, 4, 15)]
-            for q in range(4):
-                out.append((b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))), p.add(l, 32 * q)))
-        return out   # stream 4·(part // 16) + q
+    def streams(part, step):
+        l = p.add(b.mul(step, p.i64(4)), part)
+        a = b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64))
+        c = b.bitcast(p.quad(p.add(ql, 32, l)), _vec(I8, 64))
+        hi = b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64))
+        lows = [bits(a, 0, 15), bits(c, 0, 15), bits(a, 4, 15), bits(c, 4, 15)]
+        return [(b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))), p.add(l, 32 * q)) for q in range(4)]
+    # one or two rows: their 8 sums each in one loop; more rows: a loop per part, 4 sums a row (8 a row took more
+    # registers than AVX-512 has at 4 rows: the sums went to the stack and back every step)
+    if p.nrows <= 2:
+        both = p.sums(4, lambda step: streams(0, step) + streams(16, step))
+        sums = [[row[:4] for row in both], [row[4:] for row in both]]
+    else:
+        sums = [p.sums(4, lambda step, part=part: streams(16 * part, step), share=(part, 2)) for part in (0, 1)]
     d = ir_half(b, p.row(208), p.row(209))
     scale = lambda q, part: b.fmul(d, b.sitofp(b.sext(p.row(p.add(b.mul(h, p.i64(8)), 192 + 2 * q + part)), _vec(I32)), _vec(FLOAT)))
     scales = {(q, part): scale(q, part) for q in range(4) for part in (0, 1)}
     c32 = p.fsplat(ir.Constant(FLOAT, 32.0))
-    for r, sums in enumerate(p.sums(4, streams)):
+    for r in range(p.nrows):
         total = None
         for q in range(4):
             inner = None
             for part in (0, 1):
-                term = b.fmul(scales[q, part], b.fsub(sums[4 * part + q], b.fmul(c32, p.xsum(r, 2 * q + part))))
+                term = b.fmul(scales[q, part], b.fsub(sums[part][r][q], b.fmul(c32, p.xsum(r, 2 * q + part))))
                 inner = term if inner is None else b.fadd(inner, term)
             term = b.fmul(p.dx_of(r, q), inner)
             total = term if total is None else b.fadd(total, term)
@@ -400,7 +404,8 @@ EMIT = {8: lambda p: _emit_k45(p, 20, False), 9: lambda p: _emit_k45(p, 52, True
         12: _emit_q2,
         14: lambda p: _emit_iq4(p, False), 15: lambda p: _emit_iq4(p, True)}   # by KINDS' number
 # rows of activations a kernel multiplies at once (the codes made once for them; then one at a time): 8, whose
-# 16 sums per 16 outputs stay in registers; Q6_K's 8 streams, 4 (32 sums)
+# 16 sums per 16 outputs stay in registers; Q6_K, 4 (a loop per part of its 4 streams: 16 sums; 8 rows, 32 sums, spill
+# to the stack: 8960 x 1536 at 8 rows no faster than two passes of 4)
 ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # and the rest of a product's rows HALF at a time before one at a time: a batch of 4 (or 12) took 4 one-row
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
