@@ -3,6 +3,7 @@
     python scripts/load_test.py                                   # 16 clients, 48 requests, the default model
     python scripts/load_test.py --short --model tests/fixtures/qwen2   # what CI runs (tests/test_serve.py)
     python scripts/load_test.py --compare-transformers --levels 1,4,16 --requests 16 --max-tokens 48
+    python scripts/load_test.py --model FILE.gguf --serve-args "--activations int8"   # options of minigen serve
 
 The workload: greedy chat requests (temperature 0) with prompts of different lengths, streamed
 (`stream_options.include_usage`); every 8th client hangs up after its second piece of text; every 7th
@@ -26,6 +27,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -199,9 +201,9 @@ class Server:
         self.log.close()
 
 
-def minigen_server(model: str | None, max_batch: int, log: Path | None) -> Server:
+def minigen_server(model: str | None, max_batch: int, log: Path | None, extra: str = "") -> Server:
     argv = [sys.executable, "-m", "minigen", "serve", "--port", "0", "--max-batch", str(max_batch),
-            "--max-queue", "256"] + (["--model", model] if model else [])
+            "--max-queue", "256"] + (["--model", model] if model else []) + shlex.split(extra)
 
     def ready(s: Server) -> int:
         for text in s.proc.stderr:
@@ -261,6 +263,7 @@ def main() -> int:
     p.add_argument("--continuous-batching", action="store_true", help="transformers serve --continuous-batching")
     p.add_argument("--levels", default="1,4,16", help="concurrent clients for --compare-transformers")
     p.add_argument("--log-dir", type=Path, help="keep the servers' logs here")
+    p.add_argument("--serve-args", default="", help="more options for minigen serve, e.g. '--activations int8'")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the servers
     if a.short:
@@ -270,7 +273,7 @@ def main() -> int:
         a.log_dir.mkdir(parents=True, exist_ok=True)
     if a.compare_transformers:
         return compare(a, log)
-    server = minigen_server(a.model, a.max_batch, log("minigen.log"))
+    server = minigen_server(a.model, a.max_batch, log("minigen.log"), a.serve_args)
     try:
         name = json.loads(http_get(server.port, "/v1/models"))["data"][0]["id"]
         warm(server.port, name, a.timeout)
@@ -293,7 +296,7 @@ def compare(a, log) -> int:
     model_dir = a.model or default_model_dir()
     rows = {}
     for engine in ("minigen", "transformers"):
-        server = minigen_server(model_dir, max(levels), log("minigen.log")) if engine == "minigen" else \
+        server = minigen_server(model_dir, max(levels), log("minigen.log"), a.serve_args) if engine == "minigen" else \
             transformers_server(model_dir, log("transformers.log"), a.continuous_batching)
         try:
             name = json.loads(http_get(server.port, "/v1/models"))["data"][0]["id"] if engine == "minigen" else model_dir
