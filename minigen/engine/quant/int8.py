@@ -491,24 +491,50 @@ def _quantize(x, xq, dx, xs):
     """quantize_activations into xq (k, in) int8, dx (k, in / 32), xs (k, in / 16), compiled (a NumPy call
     per product cost ~30 us, more than a small matrix's product)."""
     for n in range(x.shape[0]):
-        for g in range(x.shape[1] // GROUP):
-            top = F32(0)
-            for i in range(GROUP):
-                top = max(top, abs(x[n, GROUP * g + i]))
-            d = top / F32(127)
-            inv = F32(1) / d if d != 0 else F32(0)
-            dx[n, g] = d
-            for half in range(2):
-                total = 0
-                for i in range(16 * half, 16 * half + 16):
-                    v = x[n, GROUP * g + i] * inv
-                    a = abs(v)
-                    whole = np.floor(a)
-                    q = int(whole) + (1 if a - whole >= F32(0.5) else 0)   # roundf: halves away from zero
-                    q = q if v >= 0 else -q
-                    xq[n, GROUP * g + i] = q
-                    total += q
-                xs[n, 2 * g + half] = total
+        _quantize_row(x, xq, dx, xs, n)
+
+
+@intrinsic
+def _quantize_row(typingctx, x, xq, dx, xs, n):
+    """Row n of _quantize as LLVM vector IR, a group of 32 inputs at a time: d = max|x| / 127, each code
+    roundf(x · (1/d)) (halves away from zero: floor(|v|), plus one where the rest is >= 0.5, the sign put back),
+    the codes' sums per 16. The same numbers as numba's scalar loop of int64 codes, which took 14 us for 8 rows
+    of 1,536 inputs (Zen 5), run once before each product's parallel loop."""
+    def codegen(context, builder, sig, args):
+        b = builder
+        arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
+        n_in = cgutils.unpack_tuple(b, arr(0).shape, 2)[1]
+        groups = b.udiv(n_in, ir.Constant(I64, GROUP))
+        row = args[4]
+        ptr = lambda i, t, width: b.gep(b.bitcast(arr(i).data, t.as_pointer()), [b.mul(row, width)])
+        x_p, q_p = ptr(0, FLOAT, n_in), ptr(1, I8, n_in)
+        d_p, s_p = ptr(2, FLOAT, groups), ptr(3, FLOAT, b.mul(groups, ir.Constant(I64, 2)))
+        f32, i32 = _vec(FLOAT, GROUP), _vec(I32, GROUP)
+        fn = lambda name, ret, *ts: b.module.declare_intrinsic(name, (), ir.FunctionType(ret, list(ts)))
+        fabs, floor = fn("llvm.fabs.v32f32", f32, f32), fn("llvm.floor.v32f32", f32, f32)
+        copysign = fn("llvm.copysign.v32f32", f32, f32, f32)
+        top_of = fn("llvm.vector.reduce.fmax.v32f32", FLOAT, f32)
+        add16 = fn("llvm.vector.reduce.add.v16i32", I32, _vec(I32, 16))
+        splat = lambda v: ir_splat(b, v, FLOAT, GROUP)
+        zero, one, half = (ir.Constant(FLOAT, c) for c in (0.0, 1.0, 0.5))
+        with cgutils.for_range(b, groups) as loop:
+            g = loop.index
+            at = b.mul(g, ir.Constant(I64, GROUP))
+            v = b.load(b.bitcast(b.gep(x_p, [at]), f32.as_pointer()), align=4)
+            d = b.fdiv(b.call(top_of, [b.call(fabs, [v])]), ir.Constant(FLOAT, 127.0))
+            inv = b.select(b.fcmp_ordered("!=", d, zero), b.fdiv(one, d), zero)
+            b.store(d, b.gep(d_p, [g]))
+            v = b.fmul(v, splat(inv))
+            a = b.call(fabs, [v])
+            whole = b.call(floor, [a])
+            q = b.fadd(whole, b.select(b.fcmp_ordered(">=", b.fsub(a, whole), splat(half)), splat(one), splat(zero)))
+            q = b.fptosi(b.call(copysign, [q, v]), i32)
+            b.store(b.trunc(q, _vec(I8, GROUP)), b.bitcast(b.gep(q_p, [at]), _vec(I8, GROUP).as_pointer()), align=1)
+            for h in range(2):
+                part = b.shuffle_vector(q, q, ir.Constant(_vec(I32, 16), list(range(16 * h, 16 * h + 16))))
+                b.store(b.sitofp(b.call(add16, [part]), FLOAT), b.gep(s_p, [b.add(b.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, h))]))
+        return context.get_dummy_value()
+    return types.none(x, xq, dx, xs, n), codegen
 
 
 def quantize_activations(x: np.ndarray):
