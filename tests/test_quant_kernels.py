@@ -278,8 +278,9 @@ def test_int8_compiled_rounding_equals_the_numpy_rule(kernels):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 256)).astype(np.float32) * np.float32(3)
     x[1, :32] = 0
-    x[2, :32] = np.float32(127) * np.arange(-16, 16, dtype=np.float32) / np.float32(16) / np.float32(2)  # halves
-    x[2, 0] = 127
+    x[2, :32] = np.arange(-16, 16, dtype=np.float32) / np.float32(2)   # -7.5 ... 7.5: halves
+    x[2, 0] = 127                                                      # so d = 1, and x · (1/d) = x
+    assert (np.abs(x[2, 1:32] % 1) == 0.5).sum() == 16
     q, d, s = int8.quantize_activations(x)
     cq, cd, cs = int8.quantize_compiled(x)
     assert cq.dtype == np.int8 and np.array_equal(cq, q) and np.array_equal(cd, d)
