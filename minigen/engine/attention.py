@@ -78,21 +78,6 @@ def block_mask(q_start: int, q_stop: int, k_start: int, k_stop: int, window: int
 BLOCK = 64   # query rows per block: a full-speed GEMM, and scores small enough to stay in cache
 
 
-def _exp2_is_vectorised() -> bool:
-    """Whether NumPy's float32 exp2 runs on SIMD here: through SVML, which NumPy uses on AVX-512
-    (AVX512_SKX) only. Elsewhere exp2 is a scalar loop and exp the vectorised one: on an AMD EPYC
-    with AVX2, 52k scores took 256 us in exp2 against 122 us in exp."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__
-    except ImportError:
-        return False
-    return bool(__cpu_features__.get("AVX512_SKX"))
-
-
-# The blocks' softmax base: 2 where exp2 is the faster (its log2 e folded into the scale), else e.
-EXP, LOG_BASE = (np.exp2, np.float32(math.log2(math.e))) if _exp2_is_vectorised() else (np.exp, np.float32(1.0))
-
-
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, window: int | None = None,
                      want_weights: bool = False, scale: float | None = None, softcap: float | None = None,
                      on_block=None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -181,11 +166,11 @@ def causal_weights(q: np.ndarray, k: np.ndarray, offset: int, window: int | None
                    entropy: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """The weights `causal_attention` computes, without the values: queries q (H, T, d) at positions
     offset.., keys k (KV, S, d) with S = offset + T. The same steps as its blocks (`_attend_block`: the
-    queries scaled into the softmax's base, the soft-cap, the mask, the row max subtracted, EXP, rows
+    queries scaled, the soft-cap, the mask, the row max subtracted, exp, rows
     normalised by one reciprocal), so the same numbers: a tile of queries of a long prompt's map, which
     inspection takes one at a time (minigen.inspect.scan), and the exact rows it serves. Returns the
     weights (H, T, S), exact zeros where masked, and with `entropy` each row's sum of w ln w (H, T),
-    from the scores: ln w_j = (s_j - max) ln b - ln Z in the softmax's base b, so no log is taken."""
+    from the scores: ln w_j = (s_j - max) - ln Z, so no log of a weight is taken."""
     (H, T, d), (KV, S) = q.shape, k.shape[:2]
     G, lo = H // KV, 0 if window is None else max(0, offset - window + 1)   # lo: the first key any row sees
     qs = (q * query_factor(d, scale, softcap)).reshape(KV, G * T, d)         # (KV, G T, d)
@@ -194,11 +179,11 @@ def causal_weights(q: np.ndarray, k: np.ndarray, offset: int, window: int | None
     rows = scores.reshape(KV, G, T, -1)                                      # the mask broadcast over heads
     np.copyto(rows, NEG, where=~block_mask(offset, offset + T, lo, S, window))
     scores -= scores.max(axis=-1, keepdims=True)
-    e = EXP(scores)                                                          # (KV, G T, S - lo), unnormalised
+    e = np.exp(scores)                                                       # (KV, G T, S - lo), unnormalised
     total = e.sum(axis=-1, keepdims=True)                                    # (KV, G T, 1): Z
     plogp = None
-    if entropy:   # sum_j w_j ln w_j = (sum_j e_j s_j) ln b / Z - ln Z; masked: e_j = 0 against a finite s_j
-        plogp = (np.einsum("...j,...j->...", e, scores) / LOG_BASE / total[..., 0] - np.log(total[..., 0])).reshape(H, T)
+    if entropy:   # sum_j w_j ln w_j = (sum_j e_j s_j) / Z - ln Z; masked: e_j = 0 against a finite s_j
+        plogp = (np.einsum("...j,...j->...", e, scores) / total[..., 0] - np.log(total[..., 0])).reshape(H, T)
     e *= np.reciprocal(total, out=total)
     if lo == 0:
         return e.reshape(H, T, S), plogp
@@ -230,11 +215,8 @@ def _stream_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int, firs
 def _attend_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float | None,
                   softcap: float | None, want_weights: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """`attend` for one block of queries q (KV, G, B, d) against k, v (KV, S', d), G query heads per
-    KV head stacked as G*B rows (K and V shared, never copied); mask (B, S') or None. Two changes
-    that give the same numbers, faster: where NumPy's exp2 is the faster (AVX-512: EXP, LOG_BASE),
-    the softmax is taken in base 2, exp2(s log2 e - max) being exp(s - max) (FlashAttention does the
-    same), with log2 e folded into the scale; and the rows are normalised after the product with V,
-    on d columns instead of S'. A block of more than TILE scores goes in tiles of keys
+    KV head stacked as G*B rows (K and V shared, never copied); mask (B, S') or None. The rows are
+    normalised after the product with V, on d columns instead of S': the same numbers, faster. A block of more than TILE scores goes in tiles of keys
     (`_attend_tiles`), unless its weights are asked for. Returns out (H, B, d) and the weights (H, B, S')
     when asked."""
     KV, G, B, d = q.shape
@@ -263,8 +245,8 @@ def _attend_tiles(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     far, and what the earlier tiles summed is rescaled by exp(old max - new max) when it grows. A block
     of 64 queries against 4,096 keys in one product writes 16 MB of scores (8 KV heads, 2 query heads
     each) and reads them four times more, from memory; in tiles of TILE scores they stay in L2 (on an
-    AMD EPYC, SmolLM2's attention over a 4,096-token prompt 10.8 -> 9.5 s). q (KV, R, d) already in the
-    softmax's base, R = G B rows (G query heads of B queries); k, v (KV, S', d); mask (B, M) over the
+    AMD EPYC, SmolLM2's attention over a 4,096-token prompt 10.8 -> 9.5 s). q (KV, R, d) already scaled
+    (query_factor), R = G B rows (G query heads of B queries); k, v (KV, S', d); mask (B, M) over the
     last M keys, or None. Each row sees its own key: a tile where a row sees nothing (outside a sliding
     window) gives it weights that a later tile's rescale wipes, exp(NEG - max) being 0. Returns out (KV, R, d)."""
     (KV, R, d), S = q.shape, k.shape[1]
@@ -283,12 +265,12 @@ def _attend_tiles(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
                 rows = scores.reshape(G, -1, stop - start)                   # (G, B, t): the mask broadcast over heads
                 np.copyto(rows[..., first - start:], NEG, where=~mask[:, first - (S - M):stop - (S - M)])
             peak = np.maximum(top, scores.max(axis=-1, keepdims=True))       # (R, 1)
-            shrink = EXP(top - peak)                                         # the sums so far against the new max (0 at first)
+            shrink = np.exp(top - peak)                                         # the sums so far against the new max (0 at first)
             total *= shrink
             acc *= shrink
             top = peak
             scores -= top
-            EXP(scores, out=scores)
+            np.exp(scores, out=scores)
             total += scores.sum(axis=-1, keepdims=True)
             acc += scores @ v[h, start:stop]                                 # (R, d)
         np.divide(acc, total, out=out[h])
@@ -303,7 +285,7 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     keys_t (P, KV, d, C), values (P, KV, C, d). One product over the slots slots.min()..slots.max()
     with every slot's scores cut at the longest length, each masked past its own (and outside its
     window); a free slot between them computes nothing anyone reads. The same formula as
-    `_attend_block` (its softmax base, rows normalised after the product with V). Returns out (B, H, d).
+    `_attend_block` (rows normalised after the product with V). Returns out (B, H, d).
     By numba's twins (compiled.decode_pool, on numba's threads past TWIN_SCORES scores in all) where
     decode_attention would take them."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
@@ -358,17 +340,17 @@ GEMV_ROWS = 4
 
 
 def query_factor(d: int, scale: float | None, softcap: float | None) -> np.float32:
-    """What the queries are multiplied by before q · Kᵀ: the scale (1/sqrt(d) by default) in the
-    softmax's base (LOG_BASE), or, with Gemma 2's soft-cap, scale / cap (`capped` does the rest)."""
+    """What the queries are multiplied by before q · Kᵀ: the scale (1/sqrt(d) by default), or, with
+    Gemma 2's soft-cap, scale / cap (`capped` does the rest)."""
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    return np.float32(scale * LOG_BASE if softcap is None else scale / softcap)
+    return np.float32(scale if softcap is None else scale / softcap)
 
 
 def capped(scores: np.ndarray, softcap: float | None) -> None:
-    """Gemma 2's cap * tanh(s / cap) on scores already divided by the cap, then into the softmax's base (in place)."""
+    """Gemma 2's cap * tanh(s / cap) on scores already divided by the cap (in place)."""
     if softcap is not None:
         np.tanh(scores, out=scores)
-        scores *= np.float32(softcap * LOG_BASE)
+        scores *= np.float32(softcap)
 
 
 def softmax_times(scores: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -376,7 +358,7 @@ def softmax_times(scores: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.nda
     scores turned into their unnormalised exponentials in place. Returns the output and 1 / each
     row's sum (..., 1), which turns those scores into the weights."""
     scores -= scores.max(axis=-1, keepdims=True)
-    EXP(scores, out=scores)
+    np.exp(scores, out=scores)
     total = scores.sum(axis=-1, keepdims=True)                                # (..., 1)
     out = rows_times(scores, v)                                               # (..., d)
     np.reciprocal(total, out=total)
