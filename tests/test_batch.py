@@ -220,3 +220,55 @@ def test_decode_steps_attend_through_the_pool_and_leavers_take_their_cache(monke
         for mine, theirs in zip(c, want):
             np.testing.assert_allclose(mine.fetch()[0], theirs.fetch()[0], atol=1e-5)
         assert got[handles[i]] == tokens
+
+
+CHUNKED = ["llama_gqa3", "gpt2", "mistral_sliding", "gemma2", "gemma3_text", "qwen3", "phi3", "granitemoe",
+           "lfm2", "qwen3_5_text", "falcon_h1", "granitemoehybrid"]
+
+
+@pytest.mark.parametrize("name", CHUNKED)
+def test_a_prompt_in_pieces_while_another_generates_equals_it_whole(name):
+    """With prefill_chunk, a long prompt joining a generating sequence goes in pieces of 8 ids, one a step,
+    the other sequence getting a token from each step; both equal their runs alone (tokens, and the logits
+    within 1e-4 of their scale): attention over a cache filled piece by piece (a sliding window, a
+    soft-cap), recurrent and convolutional states carried from piece to piece."""
+    model, tok, ids = fixture(name)
+    short, long = prompts_of(ids, 1)[0], (ids * 4)[:41]
+    batch = Batch(model, prefill_chunk=8)
+    ha = batch.add(Sequence(model, short, greedy(max_tokens=12)))
+    got = {ha: list(batch.step().values())}                         # a's prompt
+    hb = batch.add(Sequence(model, long, greedy(max_tokens=4)))
+    got[hb] = []
+    while not got[hb]:
+        out = batch.step()
+        assert ha in out                                            # a token for a at every step
+        got[ha].append(out[ha])
+        got[hb] += [out[hb]] if hb in out else []
+    assert len(got[ha]) == 1 + 6                                    # b's 41 ids in 6 steps: 5 x 8, then 1
+    while len(batch):
+        for h, s in batch.step().items():
+            got[h].append(s)
+    for h, p, n in [(ha, short, 12), (hb, long, 4)]:
+        want = list(generate_step(model, p, greedy(max_tokens=n)))
+        assert [s.token for s in got[h]] == [s.token for s in want], (name, h)
+        for mine, theirs in zip(got[h], want):
+            scale = np.abs(theirs.logits).max()
+            np.testing.assert_allclose(mine.logits, theirs.logits, atol=1e-4 * scale, rtol=0)
+
+
+def test_prompts_go_whole_with_nobody_generating_and_on_longrope():
+    """A batch of prompts alone has no token to give between pieces: each prompt's first token comes from
+    the first step. Phi-3's longrope computes a prompt's keys for where its forward ends: whole there too."""
+    model, tok, ids = fixture("llama_gqa3")
+    batch = Batch(model, prefill_chunk=4)
+    handles = [batch.add(Sequence(model, p, greedy(max_tokens=3))) for p in prompts_of(ids, 3)[1:]]   # 7 and 11 ids
+    assert set(batch.step()) == set(handles)
+    model, tok, ids = fixture("phi3_longrope")
+    batch = Batch(model, prefill_chunk=4)
+    ha = batch.add(Sequence(model, ids[:3], greedy(max_tokens=40)))
+    batch.step()
+    hb = batch.add(Sequence(model, ids[:40], greedy(max_tokens=2)))   # crosses its switch (32)
+    assert set(batch.step()) == {ha, hb}
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises(OptionError, match="prefill_chunk"):
+            Batch(model, prefill_chunk=bad)

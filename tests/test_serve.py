@@ -48,9 +48,10 @@ class Gated(Batch):
     """The server's own batch step, advancing only as many steps as the test has allowed (`allow`); without
     a permit a step returns nothing, so the scheduler goes on seeing cancellations."""
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, model, prefill_chunk: int | None = None):
+        super().__init__(model, prefill_chunk)
         self.permits = threading.Semaphore(0)
+        self.steps = []   # each step's handles that got a token
 
     def allow(self, n: int):
         for _ in range(n):
@@ -59,7 +60,9 @@ class Gated(Batch):
     def step(self):
         if not self.permits.acquire(timeout=0.02):
             return {}
-        return super().step()
+        out = super().step()
+        self.steps.append(set(out))
+        return out
 
 
 class Running:
@@ -321,6 +324,41 @@ def read_until(s: socket.socket, marker: bytes) -> bytes:
         assert more, f"connection closed before {marker!r}: {got[-200:]!r}"
         got += more
     return got
+
+
+def test_a_long_prompt_joins_in_pieces_between_the_running_requests_tokens(loaded):
+    """With a prefill chunk of 8, a request whose prompt is longer joins a running one: its prompt goes 8 ids
+    a step, the running request getting a token from each of those steps; both replies equal `minigen
+    generate` of their messages."""
+    model, tok = loaded
+    s = Running(loaded, api_key=KEY, batch=Gated(model, prefill_chunk=8))
+    try:
+        batch, replies = s.app.scheduler.batch, {}
+        long = [{"role": "user", "content": "Tell me about the river and the fields and the hill and the church " * 3}]
+        n_long = len(tok.encode(tok.apply_chat_template(long), add_special_tokens=False))
+        post = lambda key, body: threading.Thread(target=lambda: replies.update(
+            {key: raw(s.port, "POST", "/v1/chat/completions", json.dumps({**body, "temperature": 0}))})).start()
+        post("a", {"messages": MESSAGES, "max_tokens": 30})
+        wait_for(lambda: s.health()["running"] == 1, "the first request to run")
+        batch.allow(2)
+        wait_for(lambda: len(batch.steps) == 2, "its prompt and a token")
+        post("b", {"messages": long, "max_tokens": 5})
+        wait_for(lambda: s.health()["running"] == 2, "the second request to join")
+        batch.allow(10_000)
+        wait_for(lambda: len(replies) == 2, "both replies")
+        a, b = sorted(set().union(*batch.steps))
+        joined = next(i for i, got in enumerate(batch.steps) if b in got)   # the step of b's first token
+        pieces = -(-n_long // 8)
+        assert n_long > 24 and all(a in got for got in batch.steps[:joined + 1])
+        assert [b in got for got in batch.steps[joined + 1 - pieces:joined + 1]] == [False] * (pieces - 1) + [True]
+        for key, messages, n in [("a", MESSAGES, 30), ("b", long, 5)]:
+            status, data, _ = replies[key]
+            want = generate_cli("--chat", *(("--system", messages[0]["content"]) if len(messages) > 1 else ()),
+                                messages[-1]["content"], "--temp", "0", "-m", n)
+            assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == want, key
+    finally:
+        batch.allow(10_000)
+        s.close()
 
 
 def test_queue_full_is_429_and_a_client_leaving_frees_its_slot(gated):

@@ -17,6 +17,7 @@ from ..files import MiB
 from .harness import Command, load_timed, model_option, until_signal
 
 GRACE = 3.0   # seconds running requests may take to finish after SIGTERM/SIGINT
+PREFILL_CHUNK = 256   # prompt tokens a step computes
 
 
 def model_id(model_path: str | None, resolved) -> str:
@@ -46,8 +47,11 @@ def positive(ctx, param, value):
               help="Requests waiting for a batch slot; beyond them a request gets 429 (retry).")
 @click.option("--prefix-cache-mb", type=click.IntRange(0), default=512, show_default=True,
               help="Memory for KV caches of prompts seen before (0: off).")
+@click.option("--prefill-chunk", type=click.IntRange(0), default=PREFILL_CHUNK, show_default=True,
+              help="While requests are generating, the prompt tokens a step computes for those joining: a longer "
+                   "prompt goes in pieces, the running requests getting a token between them (0: prompts whole).")
 @click.option("-q", "--quiet", is_flag=True, help="No line per request on stderr.")
-def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb, quiet):
+def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb, prefill_chunk, quiet):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health) over HTTP.
 
     Concurrent requests share the model's steps (continuous batching): a request joins the running
@@ -58,7 +62,8 @@ def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb
     model, tokenizer, load_seconds = loaded.model, loaded.tokenizer, loaded.seconds
     name = model_id(model_path, loaded.resolved)
     log = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
-    app = build(model, tokenizer, name, max_batch, max_queue, prefix_cache_mb * MiB, api_key, log)
+    app = build(model, tokenizer, name, max_batch, max_queue, prefix_cache_mb * MiB, api_key, log,
+                prefill_chunk=prefill_chunk or None)
     scheduler = app.scheduler
     try:
         server = Server((host, port), app)

@@ -10,6 +10,12 @@ layers keep their keys and values in a slot of the batch's pools (engine/cache.K
 step attends for every sequence in one product (~15 small products per sequence and layer otherwise);
 leaving, it takes them back.
 
+With `prefill_chunk`, while some sequences are generating, a step computes at most that many prompt ids
+of the others (the first to join first; the decode steps' rows are not counted): a long prompt goes
+through in pieces over several steps, and the sequences already generating get a token between them, as
+a server wants (vLLM's chunked prefill). With none generating, prompts go whole; so does every prompt of
+a model with longrope, whose keys depend on where a forward ends (cache.reusable).
+
 `batch_runs` runs a list of prompts through one Batch, text and all (a Run per prompt: the detokenizer
 and stop strings); `generate_batch` is its text.
 """
@@ -29,8 +35,11 @@ from .steps import Run
 class Batch:
     """Sequences generated together; see the module's docstring. Not thread-safe: one caller steps it."""
 
-    def __init__(self, model):
+    def __init__(self, model, prefill_chunk: int | None = None):
+        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise OptionError("prefill_chunk", f"should be an integer >= 1 or None, got {short(prefill_chunk, 40)}")
         self.model = model
+        self.chunk = None if any(r is not None and r.kind == "longrope" for r in set(model.config.rope)) else prefill_chunk
         self.sequences: dict[int, Sequence] = {}
         self._next = 0
         self.pools = make_pools(model.config)   # the attention layers' K/V of every sequence (cache.KVPool)
@@ -65,11 +74,14 @@ class Batch:
             return {}
         start = time.perf_counter()
         handles = list(self.sequences)
+        feeds = dict(zip(handles, self._cut([self.sequences[h] for h in handles])))
+        handles = [h for h in handles if feeds[h]]              # a prompt left waiting for the next step
         seqs = [self.sequences[h] for h in handles]
-        feeds = [s.feed() for s in seqs]
-        logits = self.model.forward_batch(feeds, [s.cache for s in seqs], last_only=True)   # B x (1, V)
+        logits = self.model.forward_batch([feeds[h] for h in handles], [s.cache for s in seqs], last_only=True)
         out: dict[int, Step | Exception] = {}
-        for h, s, row in zip(handles, seqs, logits):
+        for h, s, row in zip(handles, seqs, logits):            # row: (1, V)
+            if s.took(len(feeds[h])):   # a piece of its prompt: no token yet
+                continue
             try:
                 out[h] = s.step(row[0])
             except MinigenError as e:   # this sequence's own failure: the others go on
@@ -81,6 +93,19 @@ class Batch:
             if not isinstance(result, Step) or result.finish:
                 self.cancel(h)
         return out
+
+    def _cut(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each sequence's ids for this step: its pending ones, and while some sequence is generating, the
+        prompts' cut to `chunk` ids in all, given in the order the sequences joined (one cut to nothing
+        waits). With none generating, there is no token to give between pieces: the prompts go whole."""
+        feeds = [s.feed() for s in seqs]
+        if self.chunk is None or not any(s.generated for s in seqs):
+            return feeds
+        left = self.chunk
+        for i, s in enumerate(seqs):
+            if not s.generated:   # a prompt
+                feeds[i], left = feeds[i][:left], max(0, left - len(feeds[i]))
+        return feeds
 
 
 # --- a list of prompts, text and all -------------------------------------------------------------------

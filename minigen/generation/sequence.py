@@ -132,6 +132,12 @@ class Sequence:
         self.pending = self.tokens[kept:]
         return self.pending
 
+    def took(self, n: int) -> bool:
+        """A forward took the first n of the pending ids into the cache: whether some are left (a prompt
+        computed in pieces, generation/batch.py), to be fed next; if so, there are no logits to sample yet."""
+        self.pending = self.pending[n:]
+        return bool(self.pending)
+
     def room(self, wanted: int) -> int:
         """How many drafts the next forward may verify, at most `wanted`: each must be a token the run may
         still give (max_tokens, the context), and none may reach across longrope's switch (their keys would

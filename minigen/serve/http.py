@@ -54,12 +54,14 @@ class App:
 
 
 def build(model, tokenizer, name: str, max_batch: int = 8, max_queue: int = 32, prefix_bytes: int = 512 * MiB,
-          api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None) -> App:
-    """The App of one model, its scheduler started: `batch` defaults to a new Batch of the model."""
+          api_key: str | None = None, log: Callable[[str], None] = lambda line: None, batch=None,
+          prefill_chunk: int | None = None) -> App:
+    """The App of one model, its scheduler started: `batch` defaults to a new Batch of the model, computing
+    at most `prefill_chunk` prompt ids a step (None: prompts whole)."""
     gate = ForkGate()
     tokenizer = Locked(tokenizer, gate)
     prefix = PrefixCache(model.config, prefix_bytes) if prefix_bytes else None
-    scheduler = Scheduler(Batch(model) if batch is None else batch, max_batch, max_queue, prefix, gate)
+    scheduler = Scheduler(Batch(model, prefill_chunk) if batch is None else batch, max_batch, max_queue, prefix, gate)
     scheduler.start()
     threading.Thread(target=constraint.warm, args=(tokenizer.inner, model.config.vocab_size, eos_token_ids(model)),
                      name="minigen-llguidance", daemon=True).start()
