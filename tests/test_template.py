@@ -82,3 +82,98 @@ def test_a_render_forks_inside_the_guard_of_its_thread_and_renders_outside_it():
         os.close(w)
     assert text == "x" and entered == [threading.get_ident()]   # once, on this thread
     assert other == ["2"] and after == "4"
+
+
+def test_renders_share_one_kept_process_which_starts_inside_the_guard():
+    """Renders go to one process, started at the first render inside this thread's fork guard (as the server's
+    ForkGate wants) and kept: a second render starts nothing and enters no guard."""
+    import threading
+    from contextlib import contextmanager
+    from minigen.text import template
+
+    entered = []
+
+    @contextmanager
+    def guard():
+        entered.append(threading.get_ident())
+        yield
+
+    template.WORKER.stop()
+    with template.fork_inside(guard):
+        first = render_chat_template("{{ messages[0]['content'] }}", [{"role": "user", "content": "one"}], False)
+        pid = template.WORKER.proc.pid
+        second = render_chat_template("{{ messages[0]['content'] }}!", [{"role": "user", "content": "two"}], False)
+    assert (first, second) == ("one", "two!") and template.WORKER.proc.pid == pid and entered == [threading.get_ident()]
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"minigen.text.sandbox import work" in f.read()
+
+
+def test_a_render_past_the_time_limit_ends_the_process_and_the_next_starts_another(monkeypatch):
+    from minigen.text import template
+    monkeypatch.setattr(template, "TIME_LIMIT", 0.5)
+    render_chat_template("{{ 1 }}", [], False)
+    stuck = template.WORKER.proc
+    with pytest.raises(MinigenError, match="chat template: rendering took longer than 0.5 s"):
+        render_chat_template("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", [], False)
+    assert stuck.poll() is not None and template.WORKER.proc is None            # killed, not left running
+    assert render_chat_template("{{ 3 * 3 }}", [], False) == "9" and template.WORKER.proc.pid != stuck.pid
+
+
+def test_the_process_survives_a_render_out_of_memory_and_reads_the_callers_clock(monkeypatch):
+    """A template that asks for 1 GB fails within the process's memory limit, and the process renders on; the
+    time strftime_now reads is the caller's (pinned here), sent with each render."""
+    import datetime
+    from minigen.text import template
+    render_chat_template("{{ 1 }}", [], False)
+    pid = template.WORKER.proc.pid
+    with pytest.raises(MinigenError, match="needs more memory than allowed"):
+        render_chat_template("{{ 'a' * 10**9 }}", [], False)
+    monkeypatch.setattr(template, "now", lambda: datetime.datetime(1999, 12, 31, 23, 59))
+    assert render_chat_template("{{ strftime_now('%d %B %Y') }}", [], False) == "31 December 1999"
+    assert template.WORKER.proc.pid == pid
+
+
+def test_the_process_leaves_when_its_parent_is_killed():
+    """A parent killed with SIGKILL leaves its render process behind with a closed pipe: it exits."""
+    import os
+    import subprocess
+    import sys
+    import time
+    code = ("import os, signal, sys; from minigen.text import template; template.render_chat_template('{{ 1 }}', []); "
+            "print(template.WORKER.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":   # exited, not yet reaped by its new parent
+                    return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the render process {pid} outlived its parent")
+
+
+def test_a_forked_child_renders_with_its_own_process():
+    """After os.fork the parent's render process is not the child's: the child starts its own and renders,
+    and the parent's goes on serving the parent."""
+    import os
+    from minigen.text import template
+    render_chat_template("{{ 1 }}", [], False)
+    parent = template.WORKER.proc.pid
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            text = render_chat_template("{{ 6 * 7 }}", [], False)
+            os.write(w, f"{text} {template.WORKER.proc.pid}".encode())
+            template.WORKER.stop()
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 100).decode().split()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got[0] == "42" and int(got[1]) != parent
+    assert render_chat_template("{{ 2 }}", [], False) == "2" and template.WORKER.proc.pid == parent

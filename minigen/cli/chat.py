@@ -37,7 +37,7 @@ def chat(model_path, system, load_path, quiet, verbose, **options):
     from ..generation.chat import ChatSession, load_conversation
     pop_constraint(options)
     messages = load_conversation(load_path) if load_path else []
-    loaded = load_timed(model_path)
+    loaded = load_timed(model_path, renders=True)
     model = loaded.model
     session = ChatSession(model, loaded.tokenizer, messages, system=system, **options)
     terminal = harness.stdin_is_terminal()

@@ -227,11 +227,15 @@ class Loaded:
     resolved: object    # resolve.Resolved: what --model named
 
 
-def load_timed(spec: str | None) -> Loaded:
+def load_timed(spec: str | None, renders: bool = False) -> Loaded:
     """--model (a directory, a .gguf file or a hub id; None: the default model), loaded; a GGUF's first
-    conversion or a download is announced on stderr and not counted as loading."""
+    conversion or a download is announced on stderr and not counted as loading. `renders`: the command
+    will render the chat template, whose process then starts beside the loading (text/template.py)."""
     from ..resolve import load_resolved, resolve
     resolved = resolve(spec, note, progress_bar())
+    if renders:
+        from ..text.template import start_renderer
+        start_renderer()
     import numpy as np
     np.seterr(all="ignore")  # non-finite logits are reported per step (steps.py), not as numpy warnings
     start = time.perf_counter()

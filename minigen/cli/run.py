@@ -145,7 +145,7 @@ def generate(prompt, model_path, prompt_opt, file, chat, system, quiet, verbose,
     options = Options.of(record_attention=dump is not None,
                          draft_model=(draft.model, draft.tokenizer) if draft else None, **flags)
     text = read_prompt(prompt, prompt_opt, file)
-    loaded = load_timed(model_path)
+    loaded = load_timed(model_path, renders=chat or system is not None)
     run = Run(loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, text, chat, system), options)
     if dump is not None:
         sys.exit(generate_with_dump(run, loaded.seconds, quiet, verbose, dump))
@@ -204,7 +204,7 @@ def generate_batch_file(path: str, model_path, chat: bool, system, quiet: bool, 
             if e.option not in o:
                 raise
             raise MinigenError(f"{path}:{line}: {e.option}: {e.message}") from None
-    loaded = load_timed(model_path)
+    loaded = load_timed(model_path, renders=chat)
     tokens, start, written, results = [0], time.perf_counter(), [0], {}
     progress = sys.stderr.isatty() and not quiet
 

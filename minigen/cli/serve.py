@@ -58,7 +58,7 @@ def serve(model_path, host, port, api_key, max_batch, max_queue, prefix_cache_mb
     batch at the next step and leaves it when it ends. One line per request on stderr.
     """
     from ..serve.http import Server, build   # numpy, tokenizers: loaded when the command runs
-    loaded = load_timed(model_path)
+    loaded = load_timed(model_path, renders=True)
     model, tokenizer, load_seconds = loaded.model, loaded.tokenizer, loaded.seconds
     name = model_id(model_path, loaded.resolved)
     log = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
