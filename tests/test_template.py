@@ -110,12 +110,13 @@ def test_renders_share_one_kept_process_which_starts_inside_the_guard():
 
 def test_a_render_past_the_time_limit_ends_the_process_and_the_next_starts_another(monkeypatch):
     from minigen.text import template
+    render_chat_template("{{ 1 }}", [], False)   # started (and jinja2 imported) under the usual limit
+    stuck, usual = template.WORKER.proc, template.TIME_LIMIT
     monkeypatch.setattr(template, "TIME_LIMIT", 0.5)
-    render_chat_template("{{ 1 }}", [], False)
-    stuck = template.WORKER.proc
     with pytest.raises(MinigenError, match="chat template: rendering took longer than 0.5 s"):
         render_chat_template("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", [], False)
     assert stuck.poll() is not None and template.WORKER.proc is None            # killed, not left running
+    monkeypatch.setattr(template, "TIME_LIMIT", usual)   # the next process starts under the usual limit
     assert render_chat_template("{{ 3 * 3 }}", [], False) == "9" and template.WORKER.proc.pid != stuck.pid
 
 
