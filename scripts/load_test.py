@@ -78,7 +78,7 @@ def workload(n: int, max_tokens: int, model: str, faults: bool, max_words: int =
             specs.append(Spec(i, BAD_BODIES[i % len(BAD_BODIES)], "bad"))
             continue
         words = 8 + (i * 37) % max_words   # prompts of 8 to 8 + max_words words of text
-        doc = " ".join((TEXT * 3)[(i * 5) % len(TEXT):][:words])
+        doc = " ".join((TEXT * (2 + max_words // len(TEXT)))[(i * 5) % len(TEXT):][:words])
         body = {"model": model, "messages": [{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]}:\n\n{doc}"}],
                 "temperature": 0, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
         specs.append(Spec(i, json.dumps(body).encode(), "hangup" if faults and i % 8 == 3 else "ok"))
