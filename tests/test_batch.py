@@ -269,6 +269,6 @@ def test_prompts_go_whole_with_nobody_generating_and_on_longrope():
     batch.step()
     hb = batch.add(Sequence(model, ids[:40], greedy(max_tokens=2)))   # crosses its switch (32)
     assert set(batch.step()) == {ha, hb}
-    for bad in (0, -1, 2.5, "8"):
+    for bad in (0, -1, 2.5, "8", True):
         with pytest.raises(OptionError, match="prefill_chunk"):
             Batch(model, prefill_chunk=bad)

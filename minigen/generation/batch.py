@@ -27,7 +27,7 @@ from typing import Callable, Sequence as Ids
 
 from ..engine.cache import pool, unpool
 from ..engine.mixers import make_pools
-from ..errors import MinigenError, OptionError, short
+from ..errors import MinigenError, OptionError, is_int, short
 from .sequence import Sequence, Step
 from .steps import Run
 
@@ -36,10 +36,11 @@ class Batch:
     """Sequences generated together; see the module's docstring. Not thread-safe: one caller steps it."""
 
     def __init__(self, model, prefill_chunk: int | None = None):
-        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+        if prefill_chunk is not None and not (is_int(prefill_chunk) and prefill_chunk >= 1):
             raise OptionError("prefill_chunk", f"should be an integer >= 1 or None, got {short(prefill_chunk, 40)}")
         self.model = model
-        self.chunk = None if any(r is not None and r.kind == "longrope" for r in set(model.config.rope)) else prefill_chunk
+        longrope = any(r is not None and r.kind == "longrope" for r in set(model.config.rope))
+        self.chunk = None if longrope or prefill_chunk is None else int(prefill_chunk)
         self.sequences: dict[int, Sequence] = {}
         self._next = 0
         self.pools = make_pools(model.config)   # the attention layers' K/V of every sequence (cache.KVPool)
