@@ -178,3 +178,16 @@ def test_a_forked_child_renders_with_its_own_process():
     os.waitpid(pid, 0)
     assert got[0] == "42" and int(got[1]) != parent
     assert render_chat_template("{{ 2 }}", [], False) == "2" and template.WORKER.proc.pid == parent
+
+
+def test_a_render_process_that_cannot_start_gives_way_to_a_forked_child(monkeypatch):
+    """A render process that exits before its first answer (here its "interpreter" is /bin/false; elsewhere an
+    interpreter whose settings break its start) costs nothing: the render goes to a child forked for it."""
+    import sys
+    from minigen.text import template
+    template.WORKER.stop()
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    assert render_chat_template("{{ messages[0]['content'] }}", [{"role": "user", "content": "hi"}], False) == "hi"
+    assert template.WORKER.proc is None
+    with pytest.raises(MinigenError, match="division by zero"):
+        render_chat_template("{{ 1/0 }}", [], False)

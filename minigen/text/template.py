@@ -142,6 +142,7 @@ class Worker:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
+        self.answered = False
         self.inherited: list = []   # a forked child's copies of its parent's process (kept, never waited for)
         atexit.register(self.stop)
         if hasattr(os, "register_at_fork"):
@@ -174,7 +175,13 @@ class Worker:
             except BaseException:     # too slow, too long, or the caller interrupted: it cannot be trusted to be idle
                 self.stop(kill=True)
                 raise
-            return _text(data, None if data else self.stop())
+            if data:
+                self.answered = True
+                return _text(data, None)
+            first, status = not self.answered, self.stop()
+            if first and (status is None or status >= 0):
+                return None   # it could not start here (an interpreter's own settings): a forked child renders
+            return _text(data, status)
 
     def start(self) -> None:
         with self.lock:
@@ -185,6 +192,7 @@ class Worker:
         if self.proc is not None and self.proc.poll() is None:
             return self.proc
         self.stop()
+        self.answered = False   # whether this process has answered a render yet
         root = Path(__file__).resolve().parents[2]   # where the minigen package is: the process imports it from there
         path = os.pathsep.join([str(root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
         try:
