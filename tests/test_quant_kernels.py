@@ -379,6 +379,18 @@ def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
     assert len(seen) == 4 and all(d.startswith(os.path.join("base", "minigen-")) for d in seen)
 
 
+def test_the_avx2_forms_have_a_cache_of_their_own(kernels, monkeypatch):
+    """MINIGEN_AVX2=1 emits other code for the same CPU, and numba keys its cache by the CPU: the two forms
+    keep their code in different directories, so neither loads the other's."""
+    from minigen.engine.quant import kernels as k
+    monkeypatch.delenv("MINIGEN_AVX2", raising=False)
+    native = k.sources_cache_dir("base")
+    monkeypatch.setenv("MINIGEN_AVX2", "1")
+    assert k.sources_cache_dir("base") != native
+    monkeypatch.setenv("MINIGEN_AVX2", "0")
+    assert k.sources_cache_dir("base") == native
+
+
 def test_kernels_cache_falls_back_where_it_cannot_be_written(kernels, tmp_path):
     """A cache directory that cannot be made (its path runs through a file: even root cannot) gives way to the
     next candidate (kernels.py: the home directory's cache, then the system's temporary directory)."""

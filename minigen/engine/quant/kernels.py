@@ -90,13 +90,17 @@ def sources_cache_dir(base: str | None = None, here=None) -> str:
     user set it, else ~/.cache/minigen/numba), then a hash of minigen/engine/quant/*.py and compiled.py. numba
     checks only the file of the function it loads from its cache, and int8.py's and compiled.py's kernels are
     compiled from this module's IR and formats.py's layouts: a change to those alone would leave their cached
-    code stale, and a product wrong or crashing until the cache is removed."""
+    code stale, and a product wrong or crashing until the cache is removed. MINIGEN_AVX2=1 (the AVX2 forms on
+    any CPU) has a directory of its own: numba keys its cache by the CPU, not by what minigen emits for it, so
+    the two forms would otherwise load each other's code."""
     import hashlib
     from pathlib import Path
     here = Path(here or Path(__file__).resolve().parent)
     digest = hashlib.sha256()
     for path in sorted(here.glob("*.py")) + [here.parent / "compiled.py"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    if os.environ.get("MINIGEN_AVX2", "0").strip() == "1":
+        digest.update(b"\0MINIGEN_AVX2")
     base = base or numba.config.CACHE_DIR or str(Path.home() / ".cache" / "minigen" / "numba")
     return os.path.join(base, f"minigen-{digest.hexdigest()[:16]}")
 
