@@ -154,10 +154,10 @@ class Worker:
         proc, self.proc, self.lock = self.proc, None, threading.Lock()
         if proc is not None:
             self.inherited.append(proc)
-            for pipe in (proc.stdin, proc.stdout):
+            for pipe in (proc.stdin, proc.stdout):   # the child's copies: the parent's stay open
                 try:
-                    os.close(pipe.fileno())
-                except (OSError, ValueError):
+                    pipe.close()
+                except OSError:
                     pass
 
     def render(self, request: bytes, limit: int) -> str | None:
