@@ -191,3 +191,23 @@ def test_a_render_process_that_cannot_start_gives_way_to_a_forked_child(monkeypa
     assert template.WORKER.proc is None
     with pytest.raises(MinigenError, match="division by zero"):
         render_chat_template("{{ 1/0 }}", [], False)
+
+
+class Shouty:
+    """A caller's object (a class the render process cannot import: it lives in this test module)."""
+
+    def __init__(self, word):
+        self.word = word
+
+    def __str__(self):
+        return self.word.upper()
+
+
+def test_a_variable_the_render_process_cannot_read_goes_to_a_forked_child():
+    """Variables pickle by reference to their classes; one whose class the render process cannot import is
+    rendered in a child forked for it (which has the class), and the process goes on with the next render."""
+    from minigen.text import template
+    render_chat_template("{{ 1 }}", [], False)
+    pid = template.WORKER.proc.pid
+    assert render_chat_template("{{ who }}!", [], False, who=Shouty("hi")) == "HI!"
+    assert render_chat_template("{{ 2 }}", [], False) == "2" and template.WORKER.proc.pid == pid

@@ -21,6 +21,9 @@ OUTPUT_BASE = MiB            # characters of rendered text beyond twice the mess
 _when: datetime | None = None   # the time of the render under way: what strftime_now reads
 
 
+UNREADABLE = b"U"   # the answer to a request this process could not unpickle: the caller renders it otherwise
+
+
 class TooLong(Exception):
     """The rendered text passed its limit."""
 
@@ -128,9 +131,14 @@ def work():
     limit_resources(MEMORY_LIMIT, cpu=False)
     read, write = os.fdopen(0, "rb", closefd=False), os.fdopen(1, "wb", closefd=False)   # the parent's pipes
     while len(head := read.read(8)) == 8:
-        template, variables, limit, when = pickle.loads(read.read(int.from_bytes(head, "little")))
+        request = read.read(int.from_bytes(head, "little"))
         signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT + 1)
-        reply = answer(template, variables, limit, when)
+        try:
+            template, variables, limit, when = pickle.loads(request)
+        except Exception:  # noqa: BLE001 (a caller's object whose class this process cannot import)
+            reply = UNREADABLE
+        else:
+            reply = answer(template, variables, limit, when)
         signal.setitimer(signal.ITIMER_REAL, 0)
         if reply == b"E" + describe(MemoryError()).encode():
             compiled.cache_clear()   # the templates it holds may be what the next render needs the memory for

@@ -161,7 +161,8 @@ class Worker:
                     pass
 
     def render(self, request: bytes, limit: int) -> str | None:
-        """The text the request renders to (or its MinigenError); None if no process could be started."""
+        """The text the request renders to (or its MinigenError); None if no process could be started, or it
+        could not read the request (an object of the caller's whose class it cannot import)."""
         with self.lock:
             proc = self._running()
             if proc is None:
@@ -177,7 +178,7 @@ class Worker:
                 raise
             if data:
                 self.answered = True
-                return _text(data, None)
+                return None if data == sandbox.UNREADABLE else _text(data, None)
             first, status = not self.answered, self.stop()
             if first and (status is None or status >= 0):
                 return None   # it could not start here (an interpreter's own settings): a forked child renders
