@@ -247,3 +247,24 @@ def test_json_help_names_every_field_the_command_prints(argv):
     assert set(json.loads(r.output)) <= named, set(json.loads(r.output)) - named
     help_text = CliRunner().invoke(main, [argv[0], "--help"], terminal_width=400).output
     assert " ".join(JSON_FIELDS[argv[0]].split()) in " ".join(help_text.split())
+
+
+def test_a_first_compile_is_announced_on_a_terminal(monkeypatch, tmp_path):
+    """A first run's kernels compile for some tens of seconds: on a terminal, one line says so before the pause
+    (not for `info`, which computes nothing, nor once numba's cache holds code, nor where stderr is a pipe)."""
+    import numba
+    from minigen.cli import harness
+    from minigen.engine.quant import kernels
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    assert kernels.cache_is_new()
+    monkeypatch.setattr(harness, "stderr_is_terminal", lambda: True)
+    first = gen("llama_gqa3", "Hello", "-m", 2, "-q")
+    assert first.exit_code == 0 and first.stderr.startswith("minigen: compiling the kernels for this CPU, once")
+    assert str(tmp_path) in first.stderr and len(first.stderr.splitlines()) == 1
+    assert "compiling" not in cli("info", "--model", FIXTURES / "llama_gqa3").stderr
+    (tmp_path / "quant_x").mkdir()
+    (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").write_bytes(b"")
+    assert not kernels.cache_is_new() and "compiling" not in gen("llama_gqa3", "Hello", "-m", 2, "-q").stderr
+    monkeypatch.setattr(harness, "stderr_is_terminal", lambda: False)
+    (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").unlink()
+    assert "compiling" not in gen("llama_gqa3", "Hello", "-m", 2, "-q").stderr

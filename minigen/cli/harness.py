@@ -163,6 +163,10 @@ def stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
 
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
 def stdout_is_stderr() -> bool:
     """stdout and stderr are one file or pipe (`2>&1`): figures on stderr would run on from the text."""
     try:
@@ -227,10 +231,11 @@ class Loaded:
     resolved: object    # resolve.Resolved: what --model named
 
 
-def load_timed(spec: str | None, renders: bool = False) -> Loaded:
+def load_timed(spec: str | None, renders: bool = False, computes: bool = True) -> Loaded:
     """--model (a directory, a .gguf file or a hub id; None: the default model), loaded; a GGUF's first
-    conversion or a download is announced on stderr and not counted as loading. `renders`: the command
-    will render the chat template, whose process then starts beside the loading (text/template.py)."""
+    conversion or a download is announced on stderr and not counted as loading, and so, on a terminal, is
+    the kernels' first compile when the command `computes`. `renders`: the command will render the chat
+    template, whose process then starts beside the loading (text/template.py)."""
     from ..resolve import load_resolved, resolve
     resolved = resolve(spec, note, progress_bar())
     if renders:
@@ -243,7 +248,22 @@ def load_timed(spec: str | None, renders: bool = False) -> Loaded:
     meta = options.meta if options is not None else {}
     model, tokenizer = load_resolved(resolved, meta.get("minigen.dtype"), meta.get("minigen.quantize"),
                                      meta.get("minigen.activations"))
-    return Loaded(model, tokenizer, time.perf_counter() - start, resolved)
+    seconds = time.perf_counter() - start
+    if computes:
+        announce_first_compile()
+    return Loaded(model, tokenizer, seconds, resolved)
+
+
+def announce_first_compile() -> None:
+    """On a terminal, one line before a first run's pause: the kernels compile once for this CPU (~20 s on
+    two cores for the default model), then load from numba's cache."""
+    from ..engine.quant import kernels_on
+    if not (kernels_on() and stderr_is_terminal()):
+        return
+    from ..engine.quant import kernels
+    if kernels.cache_is_new():
+        import numba
+        note(f"compiling the kernels for this CPU, once (some tens of seconds; kept in {numba.config.CACHE_DIR})")
 
 
 def note(message: str) -> None:

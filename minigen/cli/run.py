@@ -289,7 +289,7 @@ def generate_with_dump(run, load_seconds: float, quiet: bool, verbose: bool, dum
 def info(model_path):
     """What a checkpoint is (and what --model resolved to): architecture, size, dims, heads, context, tokenizer."""
     from ..checkpoint.describe import describe
-    loaded = load_timed(model_path)
+    loaded = load_timed(model_path, computes=False)
     for name, value in describe(loaded.model, loaded.tokenizer, loaded.resolved.origin):
         click.echo(f"{name + ':':<19}{value}")
 

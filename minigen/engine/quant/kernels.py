@@ -105,6 +105,13 @@ def sources_cache_dir(base: str | None = None, here=None) -> str:
     return os.path.join(base, f"minigen-{digest.hexdigest()[:16]}")
 
 
+def cache_is_new() -> bool:
+    """Whether numba's cache for this version of the kernels holds nothing yet (the first run on this machine, or
+    the first after an update): the first forward then compiles what it uses, some tens of seconds."""
+    from pathlib import Path
+    return not any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))
+
+
 def writable_cache_dir(*candidates: str) -> str:
     """The first of the candidate directories that can be made and written (as root, where permissions do not
     stop a write, a path through a file still cannot be made); the last if none can."""
