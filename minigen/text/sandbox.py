@@ -13,7 +13,7 @@ import signal
 from datetime import datetime
 from functools import lru_cache
 
-MiB = 1 << 20
+MiB = 1 << 20                # as files.MiB, which imports errors and so NumPy: this process does without
 TIME_LIMIT = 5.0             # seconds to render (real templates take milliseconds)
 MEMORY_LIMIT = 512 * MiB     # address space the renderer may add to what the process has
 OUTPUT_BASE = MiB            # characters of rendered text beyond twice the messages' own

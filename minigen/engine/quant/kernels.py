@@ -99,10 +99,15 @@ def sources_cache_dir(base: str | None = None, here=None) -> str:
     digest = hashlib.sha256()
     for path in sorted(here.glob("*.py")) + [here.parent / "compiled.py"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    if os.environ.get("MINIGEN_AVX2", "0").strip() == "1":
+    if avx2_forced():
         digest.update(b"\0MINIGEN_AVX2")
     base = base or numba.config.CACHE_DIR or str(Path.home() / ".cache" / "minigen" / "numba")
     return os.path.join(base, f"minigen-{digest.hexdigest()[:16]}")
+
+
+def avx2_forced() -> bool:
+    """MINIGEN_AVX2=1: compile the kernels' AVX2 forms whatever the CPU (AVX2_ONLY below)."""
+    return os.environ.get("MINIGEN_AVX2", "0").strip() == "1"
 
 
 def cache_is_new() -> bool:
@@ -200,7 +205,7 @@ FLOAT = ir.FloatType()
 # MINIGEN_AVX2=1 compiles the kernels as for a CPU with AVX2 and nothing newer (8 lanes, no VNNI): the forms
 # such a CPU runs, tested on any. numba's cache keys a kernel by the CPU's name and features, not by this.
 FEATURES = binding.get_host_cpu_features()
-AVX2_ONLY = os.environ.get("MINIGEN_AVX2", "0").strip() == "1"
+AVX2_ONLY = avx2_forced()
 # a piece is one vector register: 16 floats with AVX-512 (Zen 4, Intel's server CPUs), else 8 (AVX2). On the
 # Intel Xeon here 16 lanes took the one-row products of 8960 x 1536 on one thread from 1.7 to 1.2-1.6 ms
 # (Q4_0, Q4_K) and 4.5 to 2.5-3.4 ms (Q6_K), as the same instructions each do twice the work
