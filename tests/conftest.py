@@ -121,12 +121,12 @@ def interrupt_generation(monkeypatch, after: int):
 
 @pytest.hookimpl(trylast=True)   # after -k and -m have deselected what they do
 def pytest_collection_modifyitems(session, config, items):
-    """Starts the AVX2 kernels' check (test_quant_kernels.start_avx2_check: a subprocess compiling for ~60 s)
-    as soon as the suite is known to run it, in a temporary directory, so that it runs beside the other tests."""
+    """Starts the AVX2 kernels' check (test_quant_kernels.start_avx2_check: a subprocess that compiles for a
+    minute where the tests' numba cache does not hold its kernels yet) as soon as the suite is known to run it,
+    so that it runs beside the other tests."""
     if any(item.name == "test_kernels_as_an_avx2_cpu_runs_them_equal_the_numpy_twin" for item in items):
         from test_quant_kernels import start_avx2_check
-        config.minigen_avx2_dir = tempfile.mkdtemp(prefix="minigen-avx2-")
-        config.minigen_avx2_check = start_avx2_check(config.minigen_avx2_dir)
+        config.minigen_avx2_check = start_avx2_check()
 
 
 def pytest_unconfigure(config):
@@ -135,8 +135,6 @@ def pytest_unconfigure(config):
         if run.poll() is None:
             run.kill()
         run.communicate()
-        import shutil
-        shutil.rmtree(config.minigen_avx2_dir, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -250,7 +250,7 @@ def test_json_help_names_every_field_the_command_prints(argv):
 
 
 def test_a_first_compile_is_announced_on_a_terminal(monkeypatch, tmp_path):
-    """A first run's kernels compile for some tens of seconds: on a terminal, one line says so before the pause
+    """A first run's kernels compile for some seconds: on a terminal, one line says so before the pause
     (not for `info`, which computes nothing, nor once numba's cache holds code, nor where stderr is a pipe)."""
     import numba
     from minigen.cli import harness

@@ -303,23 +303,25 @@ AVX2_CHECK = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_
               "print('ok')\n")
 
 
-def start_avx2_check(directory: str):
-    """The AVX2 check in a fresh interpreter (MINIGEN_AVX2=1, its own numba cache in `directory`), started and
-    not waited for: conftest starts it when the suite's collection holds the test below, so that its ~60 s
-    of compiling run on the second core beside the rest of the suite."""
+def start_avx2_check():
+    """The AVX2 check in a fresh interpreter (MINIGEN_AVX2=1), started and not waited for: conftest starts it when
+    the suite's collection holds the test below, so that its compiling runs on the second core beside the rest
+    of the suite. It shares the tests' numba cache (conftest's NUMBA_CACHE_DIR): kernels.sources_cache_dir gives
+    MINIGEN_AVX2=1 a directory of its own there, so the two forms never load each other's code, and a second
+    run of the suite loads what the first compiled."""
     import os
     import subprocess
     import sys
-    env = dict(os.environ, MINIGEN_AVX2="1", NUMBA_CACHE_DIR=os.path.join(directory, "numba"))
+    env = dict(os.environ, MINIGEN_AVX2="1")
     return subprocess.Popen([sys.executable, "-c", AVX2_CHECK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 
-def test_kernels_as_an_avx2_cpu_runs_them_equal_the_numpy_twin(kernels, tmp_path, request):
+def test_kernels_as_an_avx2_cpu_runs_them_equal_the_numpy_twin(kernels, request):
     """Where the CPU has AVX2 and nothing newer the exact kernels work on 8 lanes and the int8 sums are plain
-    IR, no vpdpbusd (MINIGEN_AVX2=1 compiles them so here, in a fresh interpreter with its own numba cache,
-    as the cache knows the CPU but not that switch): both equal their NumPy twins."""
-    run = getattr(request.config, "minigen_avx2_check", None) or start_avx2_check(str(tmp_path))
+    IR, no vpdpbusd (MINIGEN_AVX2=1 compiles them so here, in a fresh interpreter): both equal their NumPy
+    twins."""
+    run = getattr(request.config, "minigen_avx2_check", None) or start_avx2_check()
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0 and out.strip() == "ok", err[-2000:]
 
@@ -366,7 +368,7 @@ def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
     import numba
     from minigen.engine.quant import int8, kernels as k
     assert numba.config.CACHE_DIR == k.sources_cache_dir(os.environ["NUMBA_CACHE_DIR"])   # conftest sets it
-    assert int8._times._cache._cache_path.startswith(numba.config.CACHE_DIR + os.sep)
+    assert all(f._cache._cache_path.startswith(numba.config.CACHE_DIR + os.sep) for f in int8.PRODUCTS[k.KINDS["Q4_K"]])
     here = Path(k.__file__).parent
     shutil.copytree(here, tmp_path / "quant", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(here.parent / "compiled.py", tmp_path / "compiled.py")

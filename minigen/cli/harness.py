@@ -255,7 +255,7 @@ def load_timed(spec: str | None, renders: bool = False, computes: bool = True) -
 
 
 def announce_first_compile() -> None:
-    """On a terminal, one line before a first run's pause: the kernels compile once for this CPU (~20 s on
+    """On a terminal, one line before a first run's pause: the kernels compile once for this CPU (~8-12 s on
     two cores for the default model), then load from numba's cache."""
     from ..engine.quant import kernels_on
     if not (kernels_on() and stderr_is_terminal()):
@@ -263,7 +263,7 @@ def announce_first_compile() -> None:
     from ..engine.quant import kernels
     if kernels.cache_is_new():
         import numba
-        note(f"compiling the kernels for this CPU, once (some tens of seconds; kept in {numba.config.CACHE_DIR})")
+        note(f"compiling the kernels for this CPU, once (some seconds; kept in {numba.config.CACHE_DIR})")
 
 
 def note(message: str) -> None:

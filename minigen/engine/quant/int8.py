@@ -434,56 +434,60 @@ NAMES = {number: name for name, number in KINDS.items()}
 
 @intrinsic
 def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
-    """Unit u of a tile block of type `kind` (KINDS' number, known at run time: a switch with one branch per type
-    of EMIT, Q4_0's the default) for rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1,
-    else one): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the
-    rows' activation scales and code sums)."""
-    if not isinstance(many, types.IntegerLiteral):
-        raise RequireLiteralValue("many")   # numba types the call again with its literal value
+    """Unit u of a tile block of type `kind` (KINDS' number, a literal: a product is compiled for one type) for
+    rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1, else one): acc[n] (64,) += its
+    share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
+    code sums)."""
+    for name, arg in (("kind", kind), ("many", many)):
+        if not isinstance(arg, types.IntegerLiteral):
+            raise RequireLiteralValue(name)   # numba types the call again with its literal value
 
     def codegen(context, builder, sig, args):
-        blocks = {number: builder.append_basic_block(NAMES[number]) for number in EMIT}
-        done = builder.append_basic_block("done")
-        switch = builder.switch(args[0], blocks[KINDS["Q4_0"]])
-        for number, block in blocks.items():
-            switch.add_case(ir.Constant(args[0].type, number), block)
-            builder.position_at_end(block)
-            nrows = (1, HALF[number], ROWS[number])[many.literal_value]
-            for j0 in range(0, TILE, LANES):
-                EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows))
-            builder.branch(done)
-        builder.position_at_end(done)
+        number = kind.literal_value
+        nrows = (1, HALF[number], ROWS[number])[many.literal_value]
+        for j0 in range(0, TILE, LANES):
+            EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows))
         return context.get_dummy_value()
     return types.none(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
 
 
-@njit(parallel=True, **EXACT_ORDER)
-def _times(kind, tiles, units, unit_in, x, out):
-    """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
-    float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    k, n_in = x.shape
-    xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
-    _quantize(x, xq, dx, xs)
-    y = np.empty((k, out), F32)
-    full, half = ROWS[kind], HALF[kind]
-    in_full = k - k % full                            # rows 0 .. in_full - 1 go ROWS at a time
-    in_half = in_full + (k - in_full) // half * half  # then HALF at a time, then one at a time
-    for t in prange(n_tiles):
-        acc = np.zeros((k, TILE), F32)
-        for b in range(n_blocks):
-            for u in range(units):
-                i0 = unit_in * (units * b + u)
-                for n0 in range(0, in_full, full):
-                    _unit(kind, 2, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
-                for n0 in range(in_full, in_half, half):
-                    _unit(kind, 1, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
-                for n0 in range(in_half, k):
-                    _unit(kind, 0, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
-        for n in range(k):
-            for j in range(min(TILE, out - TILE * t)):
-                y[n, TILE * t + j] = acc[n, j]
-    return y
+def _product(kind: int, one: bool):
+    """The product for type number `kind` alone, of one row or of any number: a closure, so numba takes both as
+    constants and compiles only what a model calls (kernels._product)."""
+    @njit(parallel=True, **EXACT_ORDER)
+    def times(tiles, units, unit_in, x, out):
+        """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
+        float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
+        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+        k, n_in = x.shape
+        xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+        _quantize(x, xq, dx, xs)
+        y = np.empty((k, out), F32)
+        full, half = ROWS[kind], HALF[kind]
+        in_full = k - k % full                            # rows 0 .. in_full - 1 go ROWS at a time
+        in_half = in_full + (k - in_full) // half * half  # then HALF at a time, then one at a time
+        for t in prange(n_tiles):
+            acc = np.zeros((k, TILE), F32)
+            for b in range(n_blocks):
+                for u in range(units):
+                    i0 = unit_in * (units * b + u)
+                    if one:
+                        _unit(kind, 0, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
+                    else:
+                        for n0 in range(0, in_full, full):
+                            _unit(kind, 2, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                        for n0 in range(in_full, in_half, half):
+                            _unit(kind, 1, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+                        for n0 in range(in_half, k):
+                            _unit(kind, 0, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
+            for n in range(k):
+                for j in range(min(TILE, out - TILE * t)):
+                    y[n, TILE * t + j] = acc[n, j]
+        return y
+    return times
+
+
+PRODUCTS = {kind: (_product(kind, True), _product(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any
 
 
 @njit(**JIT)
@@ -551,7 +555,7 @@ def quantize_activations(x: np.ndarray):
 def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
     32 (m a StoredMatrix of TYPES)."""
-    return _times(KINDS[m.type], m.tiles, m.groups * GROUP // m.unit, m.unit, x, m.shape[0])
+    return PRODUCTS[KINDS[m.type]][len(x) != 1](m.tiles, m.groups * GROUP // m.unit, m.unit, x, m.shape[0])
 
 
 def quantize_compiled(x: np.ndarray):

@@ -42,11 +42,12 @@ the order of the inputs (for one row, of x times the codes, then the scales), wh
 order: results equal `x @ dequantize().T` to float32's rounding of a sum, not to its last digit. No
 activation is rounded (that is int8.py, an option).
 
-Each type's intrinsic (every form, `rows` a literal) is LLVM vector IR built here (`_emit_*`, one short
+Each type's unit (every form, `rows` a literal) is LLVM vector IR built here (`_emit_*`, one short
 function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
 int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32>
 (vpmovzxbd), then floats (vcvtdq2ps), accumulated with one FMA (stored: scaled with another), the 64
-accumulators in 4 registers (8 with AVX2) for the whole unit.
+accumulators in 4 registers (8 with AVX2) for the whole unit. A product is compiled for one type and one
+way of its rows (_product: one row, a few, many), the first time a model calls it, and cached on disk.
 
 The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
 start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
@@ -112,7 +113,7 @@ def avx2_forced() -> bool:
 
 def cache_is_new() -> bool:
     """Whether numba's cache for this version of the kernels holds nothing yet (the first run on this machine, or
-    the first after an update): the first forward then compiles what it uses, some tens of seconds."""
+    the first after an update): the first forward then compiles what it uses, some seconds a type."""
     from pathlib import Path
     return not any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))
 
@@ -526,33 +527,25 @@ class _Unit:
 
 
 def _kernel(kind: str, emit, count: int, doc: str, parts: int = 1):
-    """The intrinsic of one type, signature (rows, blk, u, x, xs, x0, out) with `rows` a literal int: 0, store
-    the unit's values into out (inputs, 64); 1, add x · them to out (64,) (put's factored form); 2 ... ROWS,
-    add x[r] · them to out[r] (rows, 64) for each row r of x (rows, in). For each pass of PASS outputs
-    (ROWS_PASS with rows > 1: their sums stay in registers) and each of the unit's `parts`, their scales
-    (ir_scales), then a loop of `count` steps, each emit(unit, l) for l = its index (an IR i64; unit.part
-    says which part)."""
-    @intrinsic
-    def fn(typingctx, rows, blk, u, x, xs, x0, out):
-        if not isinstance(rows, types.IntegerLiteral):
-            raise RequireLiteralValue("rows")   # numba types the call again with its literal value
-
-        def codegen(context, builder, sig, args):
-            n = rows.literal_value
-            width = ROWS_PASS if n > 1 else PASS
-            for first in range(0, TILE, width):
-                unit = _Unit(context, builder, sig.args[1:], args[1:], kind, n, range(first, first + width, LANES))
-                for part in range(parts):
-                    unit.start(part)
-                    with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
-                        emit(unit, loop.index)
-                        if first == 0:
-                            unit.prefetch(part * count, loop.index, count * parts)
-                    unit.finish()
-            return context.get_dummy_value()
-        return types.none(rows, blk, u, x, xs, x0, out), codegen
-    fn.__doc__ = doc
-    return fn
+    """The IR of one type's unit, generate(context, builder, argtys, args, n) for the arguments (blk, u, x, xs,
+    x0, out) and n rows (_unit's `rows`): 0, store the unit's values into out (inputs, 64); 1, add x · them to
+    out (64,) (put's factored form); 2 ... ROWS, add x[r] · them to out[r] (rows, 64) for each row r of x
+    (rows, in). For each pass of PASS outputs (ROWS_PASS with rows > 1: their sums stay in registers) and each
+    of the unit's `parts`, their scales (ir_scales), then a loop of `count` steps, each emit(unit, l) for l =
+    its index (an IR i64; unit.part says which part)."""
+    def generate(context, builder, argtys, args, n):
+        width = ROWS_PASS if n > 1 else PASS
+        for first in range(0, TILE, width):
+            unit = _Unit(context, builder, argtys, args, kind, n, range(first, first + width, LANES))
+            for part in range(parts):
+                unit.start(part)
+                with cgutils.for_range(builder, ir.Constant(I64, count)) as loop:
+                    emit(unit, loop.index)
+                    if first == 0:
+                        unit.prefetch(part * count, loop.index, count * parts)
+                unit.finish()
+    generate.kind, generate.__doc__ = kind, doc
+    return generate
 
 
 def _emit_floats(u: _Unit, l, kind: str):
@@ -689,59 +682,42 @@ def _emit_iq4(u: _Unit, l, xs: bool):
         u.put(i, _iq4_values(u, codes), turn, u.scales[0])
 
 
-_f32 = _kernel("F32", lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32")
-_f16 = _kernel("F16", lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16")
-_bf16 = _kernel("BF16", lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16")
-_q4_0 = _kernel("Q4_0", lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]")
-_q4_1 = _kernel("Q4_1", lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]")
-_q5_0 = _kernel("Q5_0", lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]")
-_q5_1 = _kernel("Q5_1", lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]")
-_q8_0 = _kernel("Q8_0", lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]")
-_q4_k = _kernel("Q4_K", lambda u, l: _emit_k45(u, l, 20, False), GROUP, "Q4_K: d, dmin, sc[8], m[8], qs[128]")
-_q5_k = _kernel("Q5_K", lambda u, l: _emit_k45(u, l, 52, True), GROUP, "Q5_K: d, dmin, sc[8], m[8], qh[32], qs[128]")
-_q6_k = _kernel("Q6_K", _emit_q6, 16, "Q6_K: ql[128], qh[64], scales[16], d", parts=2)
-_q8_k = _kernel("Q8_K", lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]")
-_q2_k = _kernel("Q2_K", lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin")
-_q3_k = _kernel("Q3_K", lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d")
-_iq4_nl = _kernel("IQ4_NL", lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]")
-_iq4_xs = _kernel("IQ4_XS", lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]")
+# each type's IR by its number in KINDS
+KERNELS = (
+    _kernel("F32", lambda u, l: _emit_floats(u, l, "F32"), GROUP, "F32"),
+    _kernel("F16", lambda u, l: _emit_floats(u, l, "F16"), GROUP, "F16"),
+    _kernel("BF16", lambda u, l: _emit_floats(u, l, "BF16"), GROUP, "BF16"),
+    _kernel("Q4_0", lambda u, l: _emit_legacy(u, l, 0, 2, 8, False), 16, "Q4_0: d, qs[16]"),
+    _kernel("Q4_1", lambda u, l: _emit_legacy(u, l, 0, 4, 0, True), 16, "Q4_1: d, m, qs[16]"),
+    _kernel("Q5_0", lambda u, l: _emit_legacy(u, l, 2, 6, 16, False), 16, "Q5_0: d, qh[4], qs[16]"),
+    _kernel("Q5_1", lambda u, l: _emit_legacy(u, l, 4, 8, 0, True), 16, "Q5_1: d, m, qh[4], qs[16]"),
+    _kernel("Q8_0", lambda u, l: _emit_q8(u, l, 2), GROUP, "Q8_0: d, qs[32]"),
+    _kernel("Q4_K", lambda u, l: _emit_k45(u, l, 20, False), GROUP, "Q4_K: d, dmin, sc[8], m[8], qs[128]"),
+    _kernel("Q5_K", lambda u, l: _emit_k45(u, l, 52, True), GROUP, "Q5_K: d, dmin, sc[8], m[8], qh[32], qs[128]"),
+    _kernel("Q6_K", _emit_q6, 16, "Q6_K: ql[128], qh[64], scales[16], d", parts=2),
+    _kernel("Q8_K", lambda u, l: _emit_q8(u, l, 4), GROUP, "Q8_K: d (f32), qs[256], bsums[16]"),
+    _kernel("Q2_K", lambda u, l: _emit_k23(u, l, False), 16, "Q2_K: scales[16], qs[64], d, dmin"),
+    _kernel("Q3_K", lambda u, l: _emit_k23(u, l, True), 16, "Q3_K: hmask[32], qs[64], scales[12], d"),
+    _kernel("IQ4_NL", lambda u, l: _emit_iq4(u, l, False), 16, "IQ4_NL: d, qs[16]"),
+    _kernel("IQ4_XS", lambda u, l: _emit_iq4(u, l, True), 16, "IQ4_XS: d, scales_h, scales_l[4], qs[128]"),
+)
+assert [g.kind for g in KERNELS] == list(KINDS)
 
 
-@njit(**JIT)
-def _unit(kind, rows, blk, u, x, xs, x0, out):
-    """Unit u of a tile block: its values into out (unit, 64), or x[x0:] · them added to out (_kernel's `rows`)."""
-    if kind == 0:
-        _f32(rows, blk, u, x, xs, x0, out)
-    elif kind == 1:
-        _f16(rows, blk, u, x, xs, x0, out)
-    elif kind == 2:
-        _bf16(rows, blk, u, x, xs, x0, out)
-    elif kind == 3:
-        _q4_0(rows, blk, u, x, xs, x0, out)
-    elif kind == 4:
-        _q4_1(rows, blk, u, x, xs, x0, out)
-    elif kind == 5:
-        _q5_0(rows, blk, u, x, xs, x0, out)
-    elif kind == 6:
-        _q5_1(rows, blk, u, x, xs, x0, out)
-    elif kind == 7:
-        _q8_0(rows, blk, u, x, xs, x0, out)
-    elif kind == 8:
-        _q4_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 9:
-        _q5_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 10:
-        _q6_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 11:
-        _q8_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 12:
-        _q2_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 13:
-        _q3_k(rows, blk, u, x, xs, x0, out)
-    elif kind == 14:
-        _iq4_nl(rows, blk, u, x, xs, x0, out)
-    else:
-        _iq4_xs(rows, blk, u, x, xs, x0, out)
+@intrinsic
+def _unit(typingctx, kind, rows, blk, u, x, xs, x0, out):
+    """Unit u of a tile block of type number `kind`, its values into out (unit, 64), or x[x0:] · them added to
+    out (_kernel's `rows`). Both literals: a product is compiled for one type (_product), so that a model's
+    first run compiles the types it has, not all sixteen."""
+    if not isinstance(kind, types.IntegerLiteral):
+        raise RequireLiteralValue("kind")
+    if not isinstance(rows, types.IntegerLiteral):
+        raise RequireLiteralValue("rows")   # numba types the call again with its literal value
+
+    def codegen(context, builder, sig, args):
+        KERNELS[kind.literal_value](context, builder, sig.args[2:], args[2:], rows.literal_value)
+        return context.get_dummy_value()
+    return types.none(kind, rows, blk, u, x, xs, x0, out), codegen
 
 
 # --- the product ------------------------------------------------------------------------------------------
@@ -828,61 +804,90 @@ def in_registers(k, lanes):
     return k == 1 or k <= FEW and (lanes == 16 or k % 2 == 0)
 
 
-@njit(parallel=True, **JIT)
-def times(kind, tiles, units, unit_in, x, out):
-    """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
-    blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding).
-    One row: the factored form (_Unit.put); up to FEW rows: ROWS, 4 or 2 at a time with their sums in
-    registers (an odd last row as one row: with AVX2, whose 8 lanes make decoding dearer, an odd count
-    goes the third way); more: the unit's values through a buffer, read by _accumulate."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+ONE, FEW_ROWS, MANY = 0, 1, 2   # the three ways of a product (times): one row, up to FEW in registers, more
+
+
+def _product(kind: int, way: int):
+    """times compiled for type number `kind` and one way of its rows alone: a closure, so numba takes both as
+    constants (its cache keys each by them) and compiles only what a model calls. One function for every type
+    and way had a new machine's first run compile all sixteen types' kernels of every width (the README's
+    first command: 17.7-24.6 s with an empty cache, 7.8-8.6 s so)."""
+    @njit(parallel=True, **JIT)
+    def times(tiles, units, unit_in, x, out):
+        """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
+        blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding).
+        ONE row: the factored form (_Unit.put); FEW_ROWS (2 to FEW): ROWS, 4 or 2 at a time with their sums
+        in registers (an odd last row as one row: with AVX2, whose 8 lanes make decoding dearer, an odd count
+        goes the third way); MANY: the unit's values through a buffer, read by _accumulate."""
+        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+        k = x.shape[0]
+        y = np.empty((k, out), F32)
+        last = k - 1 if way != MANY and k % 2 == 1 else -1   # the row multiplied alone
+        xs = sums16(x[last]) if last >= 0 else np.empty(1, F32)
+        for t in prange(n_tiles):
+            acc = np.zeros((k, TILE), F32)
+            w = np.empty((MOST, TILE), F32)
+            for b in range(n_blocks):
+                for u in range(units):
+                    i0 = unit_in * (units * b + u)
+                    if way == ONE:
+                        _unit(kind, 1, tiles[t, b], u, x[0], xs, i0, acc[0])
+                    elif way == FEW_ROWS:
+                        n0 = 0
+                        while k - n0 >= ROWS:
+                            _unit(kind, ROWS, tiles[t, b], u, x[n0:n0 + ROWS], xs, i0, acc[n0:n0 + ROWS])
+                            n0 += ROWS
+                        if ROWS > 4 and k - n0 >= 4:
+                            _unit(kind, 4, tiles[t, b], u, x[n0:n0 + 4], xs, i0, acc[n0:n0 + 4])
+                            n0 += 4
+                        if k - n0 >= 2:
+                            _unit(kind, 2, tiles[t, b], u, x[n0:n0 + 2], xs, i0, acc[n0:n0 + 2])
+                            n0 += 2
+                        if last >= 0:
+                            _unit(kind, 1, tiles[t, b], u, x[last], xs, i0, acc[last])
+                    else:
+                        _unit(kind, 0, tiles[t, b], u, x[0], xs, i0, w)
+                        _accumulate(acc, x, i0, w, unit_in)
+            for n in range(k):
+                for j in range(min(TILE, out - TILE * t)):
+                    y[n, TILE * t + j] = acc[n, j]
+        return y
+    return times
+
+
+def _dequantizer(kind: int):
+    """dequantize compiled for type number `kind` alone (as _product)."""
+    @njit(parallel=True, **JIT)
+    def dequantize(tiles, units, unit_in, out_t):
+        """out_t (in, T·64) float32 = W.T, the values of W from its tiles as `times` sees them, each unit's values
+        written by the decoder straight into its rows of out_t (a copy through a buffer in between, element by
+        element, had held it to 0.65 G weights/s). Transposed, as the tiles hold them (a unit's values are
+        (inputs, 64 outputs)), where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies
+        x @ out_t as well."""
+        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+        for t in prange(n_tiles):
+            x = np.empty(1, F32)
+            for b in range(n_blocks):
+                for u in range(units):
+                    i0 = unit_in * (units * b + u)
+                    _unit(kind, 0, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
+    return dequantize
+
+
+PRODUCTS = tuple(tuple(_product(kind, way) for way in (ONE, FEW_ROWS, MANY)) for kind in range(len(KINDS)))   # [kind][way]
+DEQUANTIZERS = tuple(_dequantizer(kind) for kind in range(len(KINDS)))   # by KINDS' number
+WAYS = tuple(ONE if k == 1 else FEW_ROWS if in_registers.py_func(k, LANES) else MANY for k in range(FEW + 1))
+
+
+def times(kind: int, tiles, units: int, unit_in: int, x, out: int):
+    """y (k, out) = x (k, in) @ W.T for W in tiles of type number `kind`: the product compiled for its way."""
     k = x.shape[0]
-    y = np.empty((k, out), F32)
-    few = in_registers(k, LANES)
-    last = k - 1 if few and k % 2 == 1 else -1   # the row multiplied alone
-    xs = sums16(x[last]) if last >= 0 else np.empty(1, F32)
-    for t in prange(n_tiles):
-        acc = np.zeros((k, TILE), F32)
-        w = np.empty((MOST, TILE), F32)
-        for b in range(n_blocks):
-            for u in range(units):
-                i0 = unit_in * (units * b + u)
-                if few:
-                    n0 = 0
-                    while k - n0 >= ROWS:
-                        _unit(kind, ROWS, tiles[t, b], u, x[n0:n0 + ROWS], xs, i0, acc[n0:n0 + ROWS])
-                        n0 += ROWS
-                    if ROWS > 4 and k - n0 >= 4:
-                        _unit(kind, 4, tiles[t, b], u, x[n0:n0 + 4], xs, i0, acc[n0:n0 + 4])
-                        n0 += 4
-                    if k - n0 >= 2:
-                        _unit(kind, 2, tiles[t, b], u, x[n0:n0 + 2], xs, i0, acc[n0:n0 + 2])
-                        n0 += 2
-                    if last >= 0:
-                        _unit(kind, 1, tiles[t, b], u, x[last], xs, i0, acc[last])
-                else:
-                    _unit(kind, 0, tiles[t, b], u, x[0], xs, i0, w)
-                    _accumulate(acc, x, i0, w, unit_in)
-        for n in range(k):
-            for j in range(min(TILE, out - TILE * t)):
-                y[n, TILE * t + j] = acc[n, j]
-    return y
+    return PRODUCTS[kind][WAYS[k] if k <= FEW else MANY](tiles, units, unit_in, x, out)
 
 
-@njit(parallel=True, **JIT)
-def dequantize(kind, tiles, units, unit_in, out_t):
-    """out_t (in, T·64) float32 = W.T, the values of W from its tiles as `times` sees them, each unit's values
-    written by the decoder straight into its rows of out_t (a copy through a buffer in between, element by
-    element, had held it to 0.65 G weights/s). Transposed, as the tiles hold them (a unit's values are
-    (inputs, 64 outputs)), where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies
-    x @ out_t as well."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    for t in prange(n_tiles):
-        x = np.empty(1, F32)
-        for b in range(n_blocks):
-            for u in range(units):
-                i0 = unit_in * (units * b + u)
-                _unit(kind, 0, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
+def dequantize(kind: int, tiles, units: int, unit_in: int, out_t):
+    """out_t (in, T·64) float32 = W.T for W in tiles of type number `kind` (_dequantizer)."""
+    DEQUANTIZERS[kind](tiles, units, unit_in, out_t)
 
 
 _mine = threading.local()   # .n: numba's thread count on this thread, as threads() last set it
