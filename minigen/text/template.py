@@ -106,7 +106,7 @@ def _render_isolated(template: str, variables: dict, limit: int, when: datetime)
                 os._exit(0)
     os.close(write)
     try:
-        data = _read_until(read, time.monotonic() + TIME_LIMIT, 4 * limit + 9)  # UTF-8: at most 4 bytes a character
+        data = _read(read, time.monotonic() + TIME_LIMIT, 4 * limit + 9)  # UTF-8: at most 4 bytes a character
     finally:
         os.close(read)
         status = _reap(pid)
@@ -230,47 +230,34 @@ WORKER = Worker()
 
 def _read_answer(fd: int, deadline: float, most: int) -> bytes:
     """The worker's answer: its length (8 bytes), then that many; b"" if the pipe closes first."""
-    head = _read_exactly(fd, 8, deadline)
+    head = _read(fd, deadline, 8, exactly=8)
     if len(head) < 8:
         return b""
     n = int.from_bytes(head, "little")
     if n > most:
         raise MinigenError("chat template: the rendered text is longer than allowed")
-    data = _read_exactly(fd, n, deadline)
+    data = _read(fd, deadline, n, exactly=n)
     return data if len(data) == n else b""
 
 
-def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
+def _read(fd: int, deadline: float, most: int, exactly: int | None = None) -> bytes:
+    """What the pipe holds until it closes (or until `exactly` bytes), waiting until the deadline; more than
+    `most` bytes or a deadline passed is a MinigenError."""
     chunks, size = [], 0
-    while size < n:
+    while exactly is None or size < exactly:
         left = deadline - time.monotonic()
         if left <= 0:
             raise MinigenError(f"chat template: rendering took longer than {TIME_LIMIT:g} s")
         if not select.select([fd], [], [], left)[0]:
             continue
-        chunk = os.read(fd, min(n - size, 1 << 20))
+        chunk = os.read(fd, 1 << 16 if exactly is None else min(exactly - size, 1 << 20))
         if not chunk:
             break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def _read_until(fd: int, deadline: float, most: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise MinigenError(f"chat template: rendering took longer than {TIME_LIMIT:g} s")
-        if not select.select([fd], [], [], left)[0]:
-            continue
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
         size += len(chunk)
         if size > most:
             raise MinigenError("chat template: the rendered text is longer than allowed")
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _reap(pid: int) -> int:
