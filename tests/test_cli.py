@@ -250,21 +250,26 @@ def test_json_help_names_every_field_the_command_prints(argv):
 
 
 def test_a_first_compile_is_announced_on_a_terminal(monkeypatch, tmp_path):
-    """A first run's kernels compile for some seconds: on a terminal, one line says so before the pause
-    (not for `info`, which computes nothing, nor once numba's cache holds code, nor where stderr is a pipe)."""
+    """A model's kernels compile for some seconds the first time: on a terminal, one line says so before the
+    pause, with an empty cache or one without the model's types (not for `info`, which computes nothing, nor
+    for a float32 model, which runs no kernel, nor once the cache holds its types, nor where stderr is a pipe)."""
     import numba
     from minigen.cli import harness
     from minigen.engine.quant import kernels
-    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    stored = Path("gguf") / "qwen2.gguf"   # Q8_0
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))   # where cache_is_new looks
     assert kernels.cache_is_new()
     monkeypatch.setattr(harness, "stderr_is_terminal", lambda: True)
-    first = gen("llama_gqa3", "Hello", "-m", 2, "-q")
+    first = gen(stored, "Hello", "-m", 2, "-q")
     assert first.exit_code == 0 and first.stderr.startswith("minigen: compiling the kernels for this CPU, once")
     assert str(tmp_path) in first.stderr and len(first.stderr.splitlines()) == 1
-    assert "compiling" not in cli("info", "--model", FIXTURES / "llama_gqa3").stderr
+    assert "compiling" not in cli("info", "--model", FIXTURES / stored).stderr
+    assert "compiling" not in gen("llama_gqa3", "Hello", "-m", 2, "-q").stderr   # float32: no kernel
     (tmp_path / "quant_x").mkdir()
     (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").write_bytes(b"")
-    assert not kernels.cache_is_new() and "compiling" not in gen("llama_gqa3", "Hello", "-m", 2, "-q").stderr
+    assert not kernels.cache_is_new() and "compiling" not in gen(stored, "Hello", "-m", 2, "-q").stderr
+    monkeypatch.setattr(kernels, "cached", lambda types, int8_types=(): not {"Q8_0"} & set(types))
+    assert "compiling" in gen(stored, "Hello", "-m", 2, "-q").stderr   # a cache without Q8_0's product
     monkeypatch.setattr(harness, "stderr_is_terminal", lambda: False)
     (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").unlink()
-    assert "compiling" not in gen("llama_gqa3", "Hello", "-m", 2, "-q").stderr
+    assert "compiling" not in gen(stored, "Hello", "-m", 2, "-q").stderr

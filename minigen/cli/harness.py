@@ -250,18 +250,20 @@ def load_timed(spec: str | None, renders: bool = False, computes: bool = True) -
                                      meta.get("minigen.activations"))
     seconds = time.perf_counter() - start
     if computes:
-        announce_first_compile()
+        announce_first_compile(model)
     return Loaded(model, tokenizer, seconds, resolved)
 
 
-def announce_first_compile() -> None:
-    """On a terminal, one line before a first run's pause: the kernels compile once for this CPU (~8-12 s on
-    two cores for the default model), then load from numba's cache."""
+def announce_first_compile(model) -> None:
+    """On a terminal, one line before a first run's pause: the kernels of a model's types compile once for this
+    CPU (~8-12 s on two cores for the default model), then load from numba's cache."""
     from ..engine.quant import kernels_on
     if not (kernels_on() and stderr_is_terminal()):
         return
+    from ..checkpoint.stored import int8_types, stored_types
     from ..engine.quant import kernels
-    if kernels.cache_is_new():
+    types = set(stored_types(model.params)) - {"float32"}
+    if types and (kernels.cache_is_new() or not kernels.cached(types, int8_types(model.params))):
         import numba
         note(f"compiling the kernels for this CPU, once (some seconds; kept in {numba.config.CACHE_DIR})")
 
