@@ -255,7 +255,7 @@ def test_a_first_compile_is_announced_on_a_terminal(monkeypatch, tmp_path):
     for a float32 model, which runs no kernel, nor once the cache holds its types, nor where stderr is a pipe)."""
     import numba
     from minigen.cli import harness
-    from minigen.engine.quant import kernels
+    from minigen.engine.quant import kernels, matrix
     stored = Path("gguf") / "qwen2.gguf"   # Q8_0
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))   # where cache_is_new looks
     assert kernels.cache_is_new()
@@ -268,7 +268,7 @@ def test_a_first_compile_is_announced_on_a_terminal(monkeypatch, tmp_path):
     (tmp_path / "quant_x").mkdir()
     (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").write_bytes(b"")
     assert not kernels.cache_is_new() and "compiling" not in gen(stored, "Hello", "-m", 2, "-q").stderr
-    monkeypatch.setattr(kernels, "cached", lambda types, int8_types=(): not {"Q8_0"} & set(types))
+    monkeypatch.setattr(matrix, "compiled_before", lambda types, int8_types=(): not {"Q8_0"} & set(types))
     assert "compiling" in gen(stored, "Hello", "-m", 2, "-q").stderr   # a cache without Q8_0's product
     monkeypatch.setattr(harness, "stderr_is_terminal", lambda: False)
     (tmp_path / "quant_x" / "kernels.times-1.py311.nbi").unlink()

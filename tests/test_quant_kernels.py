@@ -357,22 +357,23 @@ def test_iq4_lookup_gives_every_code_its_value(kernels, monkeypatch, shuffle):
         assert np.array_equal(out, formats.IQ4_VALUES[q]), (n, out[:16])
 
 
-def test_cached_says_which_types_numba_holds(kernels, monkeypatch, tmp_path):
-    """kernels.cached reads numba's index: a type's one-row product is not cached until it has been compiled
-    once, then it is (and another type still is not); the same for the int8 product."""
+def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_path):
+    """matrix.compiled_before reads numba's index (kernels.in_cache): a type's one-row product is not there until
+    it has been compiled once, then it is (and another type still is not); the same for the int8 product."""
     import numba
     from minigen.engine.quant import int8, kernels as k
+    before = matrix_module.compiled_before
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))   # products made now keep their cache here
     monkeypatch.setattr(k, "PRODUCTS", tuple(tuple(k._product(kind, way) for way in (k.ONE, k.FEW_ROWS, k.MANY))
                                               for kind in range(len(k.KINDS))))
     monkeypatch.setattr(int8, "PRODUCTS", {kind: (int8._product(kind, True), int8._product(kind, False)) for kind in int8.EMIT})
-    assert not k.cached(["Q4_0"]) and not k.cached([], ["Q4_0"]) and k.cached([])
+    assert not before(["Q4_0"]) and not before([], ["Q4_0"]) and before([])
     m = StoredMatrix.from_bytes(random_matrix("Q4_0", 64, 256, np.random.default_rng(0)), "Q4_0", (64, 256))
     x = np.ones((1, 256), np.float32)
     m.times_kernel(x)
-    assert k.cached(["Q4_0"]) and not k.cached(["Q4_0", "Q8_0"]) and not k.cached(["Q4_0"], ["Q4_0"])
+    assert before(["Q4_0"]) and not before(["Q4_0", "Q8_0"]) and not before(["Q4_0"], ["Q4_0"])
     m.times_int8(x)
-    assert k.cached(["Q4_0"], ["Q4_0"])
+    assert before(["Q4_0"], ["Q4_0"])
 
 
 def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):

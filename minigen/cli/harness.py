@@ -261,9 +261,9 @@ def announce_first_compile(model) -> None:
     if not (kernels_on() and stderr_is_terminal()):
         return
     from ..checkpoint.stored import int8_types, stored_types
-    from ..engine.quant import kernels
+    from ..engine.quant import kernels, matrix
     types = set(stored_types(model.params)) - {"float32"}
-    if types and (kernels.cache_is_new() or not kernels.cached(types, int8_types(model.params))):
+    if types and (kernels.cache_is_new() or not matrix.compiled_before(types, int8_types(model.params))):
         import numba
         note(f"compiling the kernels for this CPU, once (some seconds; kept in {numba.config.CACHE_DIR})")
 

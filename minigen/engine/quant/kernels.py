@@ -885,21 +885,11 @@ def times(kind: int, tiles, units: int, unit_in: int, x, out: int):
     return PRODUCTS[kind][WAYS[k] if k <= FEW else MANY](tiles, units, unit_in, x, out)
 
 
-def cached(types, int8_types=()) -> bool:
-    """Whether numba's cache holds the one-row product of each of these types (KINDS' names), and the int8 one of
-    each of int8_types: a first forward compiles those it lacks, a few seconds each. Read from numba's index
-    files, by their private layout (an entry's key ends in hashes of the function's code and its closure: the
-    type and the way); where that layout is not numba 0.68's, whether the cache holds anything."""
-    from . import int8
-    products = [PRODUCTS[KINDS[t]][ONE] for t in types] + [int8.PRODUCTS[KINDS[t]][0] for t in int8_types]
-    try:
-        for fn in products:
-            ours = fn._cache._index_key(None, fn.targetctx.codegen())[1:]
-            if not any(key[1:] == ours for key in fn._cache._cache_file._load_index()):
-                return False
-        return True
-    except Exception:   # another numba
-        return not cache_is_new()
+def in_cache(fn) -> bool:
+    """Whether numba's cache index holds code of fn (a dispatcher of PRODUCTS, or int8's), read by numba's private
+    layout: an entry's key ends in hashes of the function's code and its closure (here the type and the way)."""
+    ours = fn._cache._index_key(None, fn.targetctx.codegen())[1:]
+    return any(key[1:] == ours for key in fn._cache._cache_file._load_index())
 
 
 def dequantize(kind: int, tiles, units: int, unit_in: int, out_t):

@@ -406,6 +406,19 @@ def twins():
 _twins = None
 
 
+def compiled_before(types, int8_types=()) -> bool:
+    """Whether numba's cache holds the one-row product of each of these types, and the int8 one of each of
+    int8_types: a first forward compiles those it lacks, a few seconds each (kernels.in_cache; where numba's
+    index is not laid out as 0.68's, whether the cache holds anything)."""
+    kernels, int8 = _compiled()
+    products = ([kernels.PRODUCTS[kernels.KINDS[t]][kernels.ONE] for t in types]
+                + [int8.PRODUCTS[kernels.KINDS[t]][0] for t in int8_types])
+    try:
+        return all(kernels.in_cache(fn) for fn in products)
+    except Exception:   # another numba
+        return not kernels.cache_is_new()
+
+
 def _compiled():
     """(kernels, int8): the numba modules, imported on first use (numba loads with them)."""
     global _modules
