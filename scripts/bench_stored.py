@@ -4,6 +4,7 @@
                                                          # a bfloat16 conversion kept in 16 bits and as float32
     python scripts/bench_stored.py --runs "FILE.gguf" "FILE.gguf --dtype float32" "DIR --quantize Q8_0"
     python scripts/bench_stored.py --llama-bench PATH    # and llama.cpp's llama-bench on each GGUF run
+    python scripts/bench_stored.py --first-start         # and each once with an empty numba cache (a first start)
     python scripts/bench_stored.py --batch               # decode steps of 1, 4, 8, 16 sequences at once instead
     python scripts/bench_stored.py --batch --llama-bench PATH   # and llama-batched-bench (beside llama-bench) on each GGUF
 
@@ -103,10 +104,10 @@ def worker_batch(spec: str) -> dict:
 BATCHES = (1, 4, 8, 16)
 
 
-def run(spec: str, args) -> dict:
+def run(spec: str, args, env: dict | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker" if not args.batch else "--worker-batch", spec,
            "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"bench_stored: {spec}: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,9 +157,13 @@ def main():
                     "llama-batched-bench beside it)")
     ap.add_argument("--work", help="where conversions are made (default: a temporary directory)")
     ap.add_argument("--batch", action="store_true", help="decode steps of 1, 4, 8 and 16 sequences instead")
+    ap.add_argument("--first-start", action="store_true", help="also one run of each with an empty numba cache, as on "
+                    "a new machine: its first token's time from the process's start, the kernels' compiling included")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-batch", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.first_start and args.batch:
+        sys.exit("bench_stored: --first-start measures the first token, not batches")
     if args.worker:
         print(json.dumps(worker(args.worker, args.prompt_tokens, args.gen_tokens)))
         return
@@ -172,6 +177,10 @@ def main():
         results = {s: [] for s in specs}
         files = sorted({shlex.split(s)[0] for s in specs if shlex.split(s)[0].endswith(".gguf")}) if args.llama_bench else []
         peer = {f: [] for f in files}
+        first_start = {}
+        for s in specs if args.first_start else ():
+            with tempfile.TemporaryDirectory() as cache:
+                first_start[s] = run(s, args, dict(os.environ, NUMBA_CACHE_DIR=cache))["first_token_s"]
         for _ in range(args.rounds):   # llama.cpp takes its turn in each round, beside minigen's runs
             for s in specs:
                 results[s].append(run(s, args))
@@ -208,12 +217,14 @@ def main():
         return
     keys = ("load_s", "first_token_s", "prefill", "decode", "f8_f1", "weights_mb", "rss_mb")
     print(f"{args.rounds} rounds, medians; prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded\n")
-    print("| run | types | load s | first token s | prefill tok/s | decode tok/s | forward(8)/forward(1) | weights MB | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    cold = " first token s, empty cache |" if first_start else ""
+    print(f"| run | types | load s | first token s |{cold} prefill tok/s | decode tok/s | forward(8)/forward(1) | weights MB | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * bool(first_start))
     for s, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in keys}
         name = " ".join([Path(shlex.split(s)[0]).name] + shlex.split(s)[1:])
-        print(f"| {name} | {', '.join(rs[0]['types'])} | {med['load_s']:.2f} | {med['first_token_s']:.2f} | "
+        cold = f" {first_start[s]:.2f} |" if first_start else ""
+        print(f"| {name} | {', '.join(rs[0]['types'])} | {med['load_s']:.2f} | {med['first_token_s']:.2f} |{cold} "
               f"{med['prefill']:.0f} | {med['decode']:.1f} | {med['f8_f1']:.2f} | {med['weights_mb']:.0f} | {med['rss_mb']:.0f} |")
     if files:
         print("\nllama.cpp on the same files (llama-bench -t 2, one run per round, medians), and minigen's runs against it:\n")
