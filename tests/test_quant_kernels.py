@@ -376,6 +376,16 @@ def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_
     assert before(["Q4_0"], ["Q4_0"])
 
 
+def test_each_compiled_product_keeps_a_cache_of_its_own(kernels):
+    """Every (type, way) product and dequantizer, exact and int8, has a name of its own, and so its own numba
+    index: closures sharing one index had two processes compiling at once cross their entries, and a later start
+    run one type's code for another's (as a Zen 3: 34 failures, 'NRT_adapt_ndarray_to_python: descr is NULL')."""
+    from minigen.engine.quant import int8, kernels as k
+    fns = [f for ways in k.PRODUCTS for f in ways] + list(k.DEQUANTIZERS) + [f for pair in int8.PRODUCTS.values() for f in pair]
+    paths = {f._cache._cache_file._index_path for f in fns}
+    assert len(fns) == 3 * 16 + 16 + 2 * len(int8.EMIT) and len(paths) == len(fns)
+
+
 def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
     """numba's cache of the kernels lives in a directory named by a hash of every kernel source (numba itself
     checks only the file of the function it loads: int8.py's code, built from kernels.py's IR, would stay

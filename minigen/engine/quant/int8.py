@@ -46,7 +46,7 @@ from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
 from .kernels import (AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, ir_half, ir_prefetch_share, ir_scales, ir_splat,
-                      ir_table16)
+                      ir_table16, own_name)
 from .formats import INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
@@ -454,7 +454,6 @@ def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
 def _product(kind: int, one: bool):
     """The product for type number `kind` alone, of one row or of any number: a closure, so numba takes both as
     constants and compiles only what a model calls (kernels._product)."""
-    @njit(parallel=True, **EXACT_ORDER)
     def times(tiles, units, unit_in, x, out):
         """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
         float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
@@ -484,7 +483,7 @@ def _product(kind: int, one: bool):
                 for j in range(min(TILE, out - TILE * t)):
                     y[n, TILE * t + j] = acc[n, j]
         return y
-    return times
+    return njit(parallel=True, **EXACT_ORDER)(own_name(times, f"times_int8_{NAMES[kind]}_{'one' if one else 'more'}"))
 
 
 PRODUCTS = {kind: (_product(kind, True), _product(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any

@@ -812,7 +812,6 @@ def _product(kind: int, way: int):
     constants (its cache keys each by them) and compiles only what a model calls. One function for every type
     and way had a new machine's first run compile all sixteen types' kernels of every width (the README's
     first command: 17.7-24.6 s with an empty cache, 7.8-8.6 s so)."""
-    @njit(parallel=True, **JIT)
     def times(tiles, units, unit_in, x, out):
         """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
         blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding).
@@ -852,12 +851,11 @@ def _product(kind: int, way: int):
                 for j in range(min(TILE, out - TILE * t)):
                     y[n, TILE * t + j] = acc[n, j]
         return y
-    return times
+    return njit(parallel=True, **JIT)(own_name(times, f"times_{list(KINDS)[kind]}_{('one', 'few', 'many')[way]}"))
 
 
 def _dequantizer(kind: int):
     """dequantize compiled for type number `kind` alone (as _product)."""
-    @njit(parallel=True, **JIT)
     def dequantize(tiles, units, unit_in, out_t):
         """out_t (in, T·64) float32 = W.T, the values of W from its tiles as `times` sees them, each unit's values
         written by the decoder straight into its rows of out_t (a copy through a buffer in between, element by
@@ -871,7 +869,16 @@ def _dequantizer(kind: int):
                 for u in range(units):
                     i0 = unit_in * (units * b + u)
                     _unit(kind, 0, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
-    return dequantize
+    return njit(parallel=True, **JIT)(own_name(dequantize, f"dequantize_{list(KINDS)[kind]}"))
+
+
+def own_name(fn, name: str):
+    """fn named `name`, before numba compiles it: numba keeps a function's cache (an index, and a data file for
+    each entry) under its qualified name, and closures of one name would share one index, whose entries two
+    processes compiling at once can cross (numba numbers a new entry's file from the index as it read it), so
+    that a later start loads one type's code for another's (seen: two suites compiling the AVX2 forms at once)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
 
 
 PRODUCTS = tuple(tuple(_product(kind, way) for way in (ONE, FEW_ROWS, MANY)) for kind in range(len(KINDS)))   # [kind][way]
