@@ -98,8 +98,8 @@ def test_kernel_equals_numpy_twin(kernels, matrices, name):
 
 def test_few_rows_keep_their_sums_in_registers(kernels):
     """One row is always the factored one-row form, on AVX2 too (8 lanes: 2 and 4 rows, not 1, 3 or 5)."""
-    assert [k for k in range(1, 20) if kernels.in_registers.py_func(k, 16)] == list(range(1, kernels.FEW + 1))
-    assert [k for k in range(1, 20) if kernels.in_registers.py_func(k, 8)] == [1, 2, 4, 6, 8][:1 + kernels.FEW // 2]
+    assert [k for k in range(1, 20) if kernels.in_registers(k, 16)] == list(range(1, kernels.FEW + 1))
+    assert [k for k in range(1, 20) if kernels.in_registers(k, 8)] == [1, 2, 4, 6, 8][:1 + kernels.FEW // 2]
 
 
 def test_times_switches_to_blas_on_long_inputs(kernels, matrices, monkeypatch):
@@ -151,6 +151,24 @@ def test_a_decode_step_beside_busy_cores_keeps_the_kernels_to_one_thread(kernels
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
     assert_product(y, x, dequantize(raw, "Q4_1"))
+
+
+@pytest.mark.parametrize("out", [64, 300, 1000])
+def test_each_thread_multiplies_its_own_range_of_tiles(kernels, out):
+    """kernels._run gives each of numba's threads a contiguous range of the tiles (one tile, fewer tiles than
+    threads, an odd count): on one thread or two every output is computed once, the products equal, the values
+    (dequantize_fast) too, exact and int8."""
+    import numba
+    m = StoredMatrix.from_bytes(random_matrix("Q4_0", out, 256, np.random.default_rng(out)), "Q4_0", (out, 256))
+    w = m.dequantize()
+    threads = sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)})
+    for k in (1, 3, 12):
+        x = np.random.default_rng(k).standard_normal((k, 256)).astype(np.float32)
+        ys = [m.times_kernel(x, n) for n in threads]
+        assert all(np.array_equal(y, ys[0]) for y in ys)
+        assert_product(ys[0], x, w)
+        assert all(np.array_equal(m.times_int8(x, n), m.times_int8(x, threads[0])) for n in threads)
+    assert all(np.array_equal(m.dequantize_fast(threads=n), w) for n in threads)
 
 
 def test_kernel_on_real_blocks(kernels):
@@ -364,9 +382,9 @@ def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_
     from minigen.engine.quant import int8, kernels as k
     before = matrix_module.compiled_before
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))   # products made now keep their cache here
-    monkeypatch.setattr(k, "PRODUCTS", tuple(tuple(k._product(kind, way) for way in (k.ONE, k.FEW_ROWS, k.MANY))
-                                              for kind in range(len(k.KINDS))))
-    monkeypatch.setattr(int8, "PRODUCTS", {kind: (int8._product(kind, True), int8._product(kind, False)) for kind in int8.EMIT})
+    monkeypatch.setattr(k, "WORKS", tuple(tuple(k._work(kind, way) for way in (k.ONE, k.FEW_ROWS, k.MANY, k.VALUES))
+                                           for kind in range(len(k.KINDS))))
+    monkeypatch.setattr(int8, "WORKS", {kind: (int8._work(kind, True), int8._work(kind, False)) for kind in int8.EMIT})
     assert not before(["Q4_0"]) and not before([], ["Q4_0"]) and before([])
     m = StoredMatrix.from_bytes(random_matrix("Q4_0", 64, 256, np.random.default_rng(0)), "Q4_0", (64, 256))
     x = np.ones((1, 256), np.float32)
@@ -381,9 +399,9 @@ def test_each_compiled_product_keeps_a_cache_of_its_own(kernels):
     index: closures sharing one index had two processes compiling at once cross their entries, and a later start
     run one type's code for another's (as a Zen 3: 34 failures, 'NRT_adapt_ndarray_to_python: descr is NULL')."""
     from minigen.engine.quant import int8, kernels as k
-    fns = [f for ways in k.PRODUCTS for f in ways] + list(k.DEQUANTIZERS) + [f for pair in int8.PRODUCTS.values() for f in pair]
+    fns = [f for ways in k.WORKS for f in ways] + [f for pair in int8.WORKS.values() for f in pair] + [k._run, int8._run]
     paths = {f._cache._cache_file._index_path for f in fns}
-    assert len(fns) == 3 * 16 + 16 + 2 * len(int8.EMIT) and len(paths) == len(fns)
+    assert len(fns) == 4 * 16 + 2 * len(int8.EMIT) + 2 and len(paths) == len(fns)
 
 
 def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
@@ -397,7 +415,7 @@ def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):
     import numba
     from minigen.engine.quant import int8, kernels as k
     assert numba.config.CACHE_DIR == k.sources_cache_dir(os.environ["NUMBA_CACHE_DIR"])   # conftest sets it
-    assert all(f._cache._cache_path.startswith(numba.config.CACHE_DIR + os.sep) for f in int8.PRODUCTS[k.KINDS["Q4_K"]])
+    assert all(f._cache._cache_path.startswith(numba.config.CACHE_DIR + os.sep) for f in int8.WORKS[k.KINDS["Q4_K"]])
     here = Path(k.__file__).parent
     shutil.copytree(here, tmp_path / "quant", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(here.parent / "compiled.py", tmp_path / "compiled.py")

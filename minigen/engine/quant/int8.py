@@ -40,13 +40,14 @@ import os
 
 import numpy as np
 from llvmlite import binding, ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
-from .kernels import (AVX2_ONLY, FEATURES, GROUP, JIT, KINDS, TILE, F32, ir_half, ir_prefetch_share, ir_scales, ir_splat,
-                      ir_table16, own_name)
+from .kernels import (AVX2_ONLY, F32, F32_P, FEATURES, GROUP, INT, JIT, KINDS, NAMES, TILE, TILE_SHAPE, U8_P, UNIT, UNITS,
+                      address, call, data, ir_half, ir_prefetch_share, ir_scales, ir_splat, ir_table16, lazy_cfunc, own_name,
+                      thread_count)
 from .formats import INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
@@ -429,7 +430,6 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
-NAMES = {number: name for name, number in KINDS.items()}
 
 
 @intrinsic
@@ -451,22 +451,24 @@ def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     return types.none(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
 
 
-def _product(kind: int, one: bool):
-    """The product for type number `kind` alone, of one row or of any number: a closure, so numba takes both as
-    constants and compiles only what a model calls (kernels._product)."""
-    def times(tiles, units, unit_in, x, out):
-        """y (k, out) = x (k, in) @ W.T, x rounded first (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16)
-        float32), in one compiled call (a call costs microseconds: as much as a small matrix's product)."""
-        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-        k, n_in = x.shape
-        xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
-        _quantize(x, xq, dx, xs)
-        y = np.empty((k, out), F32)
-        full, half = ROWS[kind], HALF[kind]
+def _work(kind: int, one: bool):
+    """A thread's work on tiles t0 ... t1 - 1 of the product for type number `kind` alone, of one row or of any
+    number, with x rounded (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16) float32): an uncompiled C
+    function that kernels.address compiles the first time a model calls it (kernels._work)."""
+    name = NAMES[kind]
+    R, C = TILE_SHAPE[name]
+    units, unit_in = UNITS[name], UNIT[name]
+    full, half = ROWS[kind], HALF[kind]
+
+    def work(tiles_p, n_tiles, n_blocks, xq_p, dx_p, xs_p, k, n_in, y_p, out, t0, t1):
+        tiles = carray(tiles_p, (n_tiles, n_blocks, R, C))
+        xq, y = carray(xq_p, (k, n_in)), carray(y_p, (k, out))
+        dx, xs = carray(dx_p, (k, n_in // GROUP)), carray(xs_p, (k, n_in // 16))
         in_full = k - k % full                            # rows 0 .. in_full - 1 go ROWS at a time
         in_half = in_full + (k - in_full) // half * half  # then HALF at a time, then one at a time
-        for t in prange(n_tiles):
-            acc = np.zeros((k, TILE), F32)
+        acc = np.empty((k, TILE), F32)
+        for t in range(t0, t1):
+            acc[:] = 0
             for b in range(n_blocks):
                 for u in range(units):
                     i0 = unit_in * (units * b + u)
@@ -482,11 +484,26 @@ def _product(kind: int, one: bool):
             for n in range(k):
                 for j in range(min(TILE, out - TILE * t)):
                     y[n, TILE * t + j] = acc[n, j]
-        return y
-    return njit(parallel=True, **EXACT_ORDER)(own_name(times, f"times_int8_{NAMES[kind]}_{'one' if one else 'more'}"))
+    return lazy_cfunc(own_name(work, f"times_int8_{name}_{'one' if one else 'more'}"), WORK, EXACT_ORDER)
 
 
-PRODUCTS = {kind: (_product(kind, True), _product(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any
+# what a thread's work is given: the tiles (T, n_blocks, R, C); xq, dx, xs; k, in; y (k, out); its tiles t0 ... t1 - 1
+WORK = types.void(U8_P, INT, INT, types.CPointer(types.int8), F32_P, F32_P, INT, INT, F32_P, INT, INT, INT)
+WORKS = {kind: (_work(kind, True), _work(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any
+
+
+@njit(parallel=True, **EXACT_ORDER)
+def _run(work, parts, tiles, x, y):
+    """y (k, out) = x (k, in) @ W.T, x rounded first, in one compiled call (a call costs microseconds: as much as a
+    small matrix's product): `work` (a _work's address) on `parts` ranges of the tiles, one a thread."""
+    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+    k, n_in = x.shape
+    xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+    _quantize(x, xq, dx, xs)
+    parts = max(1, min(parts, n_tiles))
+    for p in prange(parts):
+        call(work, (data(tiles), n_tiles, n_blocks, data(xq), data(dx), data(xs), k, n_in, data(y), y.shape[1],
+                    p * n_tiles // parts, (p + 1) * n_tiles // parts))
 
 
 @njit(**JIT)
@@ -554,7 +571,9 @@ def quantize_activations(x: np.ndarray):
 def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
     32 (m a StoredMatrix of TYPES)."""
-    return PRODUCTS[KINDS[m.type]][len(x) != 1](m.tiles, m.groups * GROUP // m.unit, m.unit, x, m.shape[0])
+    y = np.empty((len(x), m.shape[0]), F32)
+    _run(address(WORKS[KINDS[m.type]][len(x) != 1]), thread_count(), m.tiles, x, y)
+    return y
 
 
 def quantize_compiled(x: np.ndarray):

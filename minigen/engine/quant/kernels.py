@@ -46,10 +46,11 @@ Each type's unit (every form, `rows` a literal) is LLVM vector IR built here (`_
 function per type reading like ggml-quants.c's dequantize_row_*), because numba computes integers in
 int64, which AVX2 cannot convert to float in a vector: a byte row becomes <64 x i8>, its codes <64 x i32>
 (vpmovzxbd), then floats (vcvtdq2ps), accumulated with one FMA (stored: scaled with another), the 64
-accumulators in 4 registers (8 with AVX2) for the whole unit. A product is compiled for one type and one
-way of its rows (_product: one row, a few, many), the first time a model calls it, and cached on disk.
+accumulators in 4 registers (8 with AVX2) for the whole unit. What a thread does with its tiles is compiled
+for one type and one way of its rows (_work: one row, a few, many; or the values alone), the first time a
+model calls it, and cached on disk; one parallel loop (_run) serves them all.
 
-The threads: `prange` over tiles on numba's threading layer (OpenMP where libgomp is found: ~3 us to
+The threads: `prange` over the threads, each a contiguous range of tiles, on numba's threading layer (OpenMP where libgomp is found: ~3 us to
 start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
 after a kernel, as OpenBLAS's do after a product: a decode step on stored matrices should keep
 OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not take each other's cores.
@@ -138,9 +139,10 @@ numba.config.CACHE_DIR = writable_cache_dir(sources_cache_dir(), sources_cache_d
 from . import formats   # noqa: E402
 from .formats import UNIT_INPUTS, UNPACKED_SCALES   # noqa: E402
 from llvmlite import binding, ir   # noqa: E402
-from numba import njit, prange, types   # noqa: E402
-from numba.core import cgutils   # noqa: E402
-from numba.core.compiler import CompilerBase, DefaultPassBuilder   # noqa: E402
+from numba import carray, njit, prange, types   # noqa: E402
+from numba.core.ccallback import CFunc   # noqa: E402
+from numba.core import cgutils, sigutils   # noqa: E402
+from numba.core.compiler import Compiler, CompilerBase, DefaultPassBuilder   # noqa: E402
 from numba.core.compiler_machinery import FunctionPass, register_pass   # noqa: E402
 from numba.core.errors import RequireLiteralValue   # noqa: E402
 from numba.core.untyped_passes import TranslateByteCode   # noqa: E402
@@ -155,6 +157,7 @@ FAST = {"contract"}   # let LLVM fuse a*b + c into an FMA; nothing may be reorde
 # each type's number in the kernels' branches, and the inputs of one unit of its tiles
 KINDS = {name: i for i, name in enumerate(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                            "Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])}
+NAMES = list(KINDS)   # by number
 UNIT = {name: UNIT_INPUTS.get(name, GROUP) for name in KINDS}   # inputs per unit (formats.UNIT_INPUTS)
 MOST = max(UNIT.values())   # rows of a unit's buffer of values (times, dequantize)
 # bytes of a tile block (R x C: the type's block, or 4 bytes more for Q4_K and Q5_K's unpacked scales, for
@@ -707,7 +710,7 @@ assert [g.kind for g in KERNELS] == list(KINDS)
 @intrinsic
 def _unit(typingctx, kind, rows, blk, u, x, xs, x0, out):
     """Unit u of a tile block of type number `kind`, its values into out (unit, 64), or x[x0:] · them added to
-    out (_kernel's `rows`). Both literals: a product is compiled for one type (_product), so that a model's
+    out (_kernel's `rows`). Both literals: a thread's work is compiled for one type (_work), so that a model's
     first run compiles the types it has, not all sixteen."""
     if not isinstance(kind, types.IntegerLiteral):
         raise RequireLiteralValue("kind")
@@ -797,35 +800,52 @@ def sums16(x):
     return xs
 
 
-@njit(inline="always", **JIT)
-def in_registers(k, lanes):
+def in_registers(k: int, lanes: int) -> bool:
     """Whether a product of k rows keeps its sums in registers (times): one row always (the factored form), 2 to
     FEW rows with AVX-512, an even count of them with AVX2 (an odd one's last row alone cost its decoding again)."""
     return k == 1 or k <= FEW and (lanes == 16 or k % 2 == 0)
 
 
-ONE, FEW_ROWS, MANY = 0, 1, 2   # the three ways of a product (times): one row, up to FEW in registers, more
+# A product is two compiled pieces. `_run` is one parallel loop for every type: numba's prange over the threads,
+# each given a contiguous range of tiles, as numba's own schedule of a loop over the tiles gives them. What a
+# thread does with its tiles is compiled for one type and one way of its rows (one row, a few in registers, a
+# prompt's; or the values alone, for `dequantize`) as a C function (numba's cfunc), compiled the first time a
+# model calls it and cached on disk; `_run` calls it by its address. A parallel loop compiled for each type and
+# way instead cost ~3 times as much to compile (all sixteen types' products: 93 -> 33 s here), as numba builds
+# a parallel loop as four nested functions, each optimised and made into machine code again with all it holds.
+ONE, FEW_ROWS, MANY, VALUES = 0, 1, 2, 3   # the ways: one row, 2 to FEW in registers, more, the values alone
+WAY_NAMES = ("one", "few", "many", "values")
+TILE_SHAPE = {name: (BLOCK_BYTES[name] // TILE, TILE) if name not in ("F32", "F16", "BF16")
+              else (GROUP, BLOCK_BYTES[name] // GROUP) for name in KINDS}   # (R, C) of a tile block
+U8_P, F32_P, INT = types.CPointer(types.uint8), types.CPointer(types.float32), types.int64
+# what a thread's work is given (_work): the tiles (T, n_blocks, R, C); x (k, in); the sums per 16 inputs of row
+# `last` of x (sums16), which the one-row form multiplies (none: last < 0); y (k, out); its tiles t0 ... t1 - 1.
+# The values alone (VALUES) write W.T into y (in, T·64) and take no x (k = 0).
+WORK = types.void(U8_P, INT, INT, F32_P, INT, INT, F32_P, INT, F32_P, INT, INT, INT)
 
 
-def _product(kind: int, way: int):
-    """times compiled for type number `kind` and one way of its rows alone: a closure, so numba takes both as
-    constants (its cache keys each by them) and compiles only what a model calls. One function for every type
-    and way had a new machine's first run compile all sixteen types' kernels of every width (the README's
-    first command: 17.7-24.6 s with an empty cache, 7.8-8.6 s so)."""
-    def times(tiles, units, unit_in, x, out):
-        """y (k, out) = x (k, in) @ W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, whose
-        blocks hold `units` units of `unit_in` inputs; out may be less than T·64 (the last tile's padding).
-        ONE row: the factored form (_Unit.put); FEW_ROWS (2 to FEW): ROWS, 4 or 2 at a time with their sums
-        in registers (an odd last row as one row: with AVX2, whose 8 lanes make decoding dearer, an odd count
-        goes the third way); MANY: the unit's values through a buffer, read by _accumulate."""
-        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-        k = x.shape[0]
-        y = np.empty((k, out), F32)
-        last = k - 1 if way != MANY and k % 2 == 1 else -1   # the row multiplied alone
-        xs = sums16(x[last]) if last >= 0 else np.empty(1, F32)
-        for t in prange(n_tiles):
-            acc = np.zeros((k, TILE), F32)
-            w = np.empty((MOST, TILE), F32)
+def _work(kind: int, way: int):
+    """A thread's work on tiles t0 ... t1 - 1 of a product (or of dequantize) with type number `kind`, in one way
+    of its rows: a closure, so that numba takes both as constants, an uncompiled C function (cfunc) that
+    `address` compiles, or loads from numba's cache, the first time it is asked for.
+
+    ONE row: the factored form (_Unit.put); FEW_ROWS (2 to FEW): ROWS, 4 or 2 at a time with their sums in
+    registers (an odd last row as one row: with AVX2, whose 8 lanes make decoding dearer, an odd count goes the
+    third way); MANY: the unit's values through a buffer, read by _accumulate; VALUES: each unit's values
+    written by the decoder straight into its rows of y = W.T (a copy through a buffer in between, element by
+    element, had held it to 0.65 G weights/s)."""
+    name = NAMES[kind]
+    R, C = TILE_SHAPE[name]
+    units, unit_in = UNITS[name], UNIT[name]
+
+    def work(tiles_p, n_tiles, n_blocks, x_p, k, n_in, xs_p, last, y_p, out, t0, t1):
+        tiles = carray(tiles_p, (n_tiles, n_blocks, R, C))
+        x, xs = carray(x_p, (max(k, 1), n_in)), carray(xs_p, (n_in // 16,))
+        y = carray(y_p, (n_in if way == VALUES else k, out))
+        acc = np.empty((k, TILE), F32)
+        w = np.empty((MOST, TILE), F32)
+        for t in range(t0, t1):
+            acc[:] = 0
             for b in range(n_blocks):
                 for u in range(units):
                     i0 = unit_in * (units * b + u)
@@ -844,32 +864,31 @@ def _product(kind: int, way: int):
                             n0 += 2
                         if last >= 0:
                             _unit(kind, 1, tiles[t, b], u, x[last], xs, i0, acc[last])
-                    else:
+                    elif way == MANY:
                         _unit(kind, 0, tiles[t, b], u, x[0], xs, i0, w)
                         _accumulate(acc, x, i0, w, unit_in)
+                    else:
+                        _unit(kind, 0, tiles[t, b], u, x[0], xs, 0, y[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
             for n in range(k):
                 for j in range(min(TILE, out - TILE * t)):
                     y[n, TILE * t + j] = acc[n, j]
-        return y
-    return njit(parallel=True, **JIT)(own_name(times, f"times_{list(KINDS)[kind]}_{('one', 'few', 'many')[way]}"))
+    return lazy_cfunc(own_name(work, f"{'dequantize' if way == VALUES else 'times'}_{name}_{WAY_NAMES[way]}"), WORK, JIT)
 
 
-def _dequantizer(kind: int):
-    """dequantize compiled for type number `kind` alone (as _product)."""
-    def dequantize(tiles, units, unit_in, out_t):
-        """out_t (in, T·64) float32 = W.T, the values of W from its tiles as `times` sees them, each unit's values
-        written by the decoder straight into its rows of out_t (a copy through a buffer in between, element by
-        element, had held it to 0.65 G weights/s). Transposed, as the tiles hold them (a unit's values are
-        (inputs, 64 outputs)), where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies
-        x @ out_t as well."""
-        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-        for t in prange(n_tiles):
-            x = np.empty(1, F32)
-            for b in range(n_blocks):
-                for u in range(units):
-                    i0 = unit_in * (units * b + u)
-                    _unit(kind, 0, tiles[t, b], u, x, x, 0, out_t[i0:i0 + unit_in, TILE * t:TILE * (t + 1)])
-    return njit(parallel=True, **JIT)(own_name(dequantize, f"dequantize_{list(KINDS)[kind]}"))
+def lazy_cfunc(fn, sig, options: dict):
+    """fn as numba's C function of signature sig, not compiled yet (numba.cfunc compiles at once): `address` compiles
+    it, or loads it from the cache, when a model first calls it."""
+    made = CFunc(fn, sigutils.normalize_signature(sig), locals={}, pipeline_class=options.get("pipeline_class", Compiler),
+                 options={k: v for k, v in options.items() if k not in ("cache", "pipeline_class")})
+    made.enable_caching()
+    return made
+
+
+def address(fn) -> int:
+    """Where the compiled code of a lazy_cfunc begins, compiling (or loading) it the first time."""
+    if fn._wrapper_address is None:
+        fn.compile()
+    return fn._wrapper_address
 
 
 def own_name(fn, name: str):
@@ -881,27 +900,66 @@ def own_name(fn, name: str):
     return fn
 
 
-PRODUCTS = tuple(tuple(_product(kind, way) for way in (ONE, FEW_ROWS, MANY)) for kind in range(len(KINDS)))   # [kind][way]
-DEQUANTIZERS = tuple(_dequantizer(kind) for kind in range(len(KINDS)))   # by KINDS' number
-WAYS = tuple(ONE if k == 1 else FEW_ROWS if in_registers.py_func(k, LANES) else MANY for k in range(FEW + 1))
+@intrinsic
+def data(typingctx, arr):
+    """A pointer to an array's first element."""
+    def codegen(context, builder, sig, args):
+        return context.make_array(sig.args[0])(context, builder, args[0]).data
+    return types.CPointer(arr.dtype)(arr), codegen
 
 
-def times(kind: int, tiles, units: int, unit_in: int, x, out: int):
-    """y (k, out) = x (k, in) @ W.T for W in tiles of type number `kind`: the product compiled for its way."""
+@intrinsic
+def call(typingctx, address, args):
+    """The C function at `address` (a cfunc's, an integer), called with the tuple args: its signature is theirs."""
+    def codegen(context, builder, sig, llargs):
+        ctypes = [context.get_value_type(t) for t in args.types]
+        fn = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), ctypes).as_pointer())
+        builder.call(fn, cgutils.unpack_tuple(builder, llargs[1], len(ctypes)))
+        return context.get_dummy_value()
+    return types.none(address, args), codegen
+
+
+@njit(parallel=True, **JIT)
+def _run(work, parts, tiles, x, last, y):
+    """y (k, out) = x (k, in) @ W.T for W in tiles, by `work` (a _work's address) on `parts` ranges of the tiles, one
+    a thread; with no rows in x, y (in, T·64) = W.T (VALUES). x and y C-contiguous."""
+    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+    k, n_in = x.shape
+    xs = sums16(x[last]) if last >= 0 else np.zeros(n_in // 16, F32)
+    parts = max(1, min(parts, n_tiles))
+    for p in prange(parts):
+        call(work, (data(tiles), n_tiles, n_blocks, data(x), k, n_in, data(xs), last, data(y), y.shape[1],
+                    p * n_tiles // parts, (p + 1) * n_tiles // parts))
+
+
+WORKS = tuple(tuple(_work(kind, way) for way in (ONE, FEW_ROWS, MANY, VALUES)) for kind in range(len(KINDS)))   # [kind][way]
+WAYS = tuple(ONE if k == 1 else FEW_ROWS if in_registers(k, LANES) else MANY for k in range(FEW + 1))
+
+
+def times(kind: int, tiles, x, out: int):
+    """y (k, out) = x (k, in) @ W.T for W in tiles of type number `kind`, x C-contiguous: its way's work on each
+    thread's tiles."""
     k = x.shape[0]
-    return PRODUCTS[kind][WAYS[k] if k <= FEW else MANY](tiles, units, unit_in, x, out)
+    way = WAYS[k] if k <= FEW else MANY
+    y = np.empty((k, out), F32)
+    _run(address(WORKS[kind][way]), thread_count(), tiles, x, k - 1 if way != MANY and k % 2 == 1 else -1, y)
+    return y
+
+
+def dequantize(kind: int, tiles, out_t):
+    """out_t (in, T·64) float32, C-contiguous = W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, its
+    values as `times` sees them. Transposed, as the tiles hold them (a unit's values are (inputs, 64 outputs)),
+    where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies x @ out_t as well."""
+    if not out_t.flags.c_contiguous or out_t.shape != (tiles.shape[1] * UNITS[NAMES[kind]] * UNIT[NAMES[kind]], tiles.shape[0] * TILE):
+        raise ValueError(f"dequantize: out_t {out_t.shape} is not a C-contiguous W.T of these tiles")
+    _run(address(WORKS[kind][VALUES]), thread_count(), tiles, np.zeros((0, out_t.shape[0]), F32), -1, out_t)
 
 
 def in_cache(fn) -> bool:
-    """Whether numba's cache index holds code of fn (a dispatcher of PRODUCTS, or int8's), read by numba's private
-    layout: an entry's key ends in hashes of the function's code and its closure (here the type and the way)."""
-    ours = fn._cache._index_key(None, fn.targetctx.codegen())[1:]
+    """Whether numba's cache index holds code of fn (one of WORKS, or int8's), read by numba's private layout: an
+    entry's key ends in hashes of the function's code and its closure (here the type and the way)."""
+    ours = fn._cache._index_key(fn._sig, fn._targetdescr.target_context.codegen())[1:]
     return any(key[1:] == ours for key in fn._cache._cache_file._load_index())
-
-
-def dequantize(kind: int, tiles, units: int, unit_in: int, out_t):
-    """out_t (in, T·64) float32 = W.T for W in tiles of type number `kind` (_dequantizer)."""
-    DEQUANTIZERS[kind](tiles, units, unit_in, out_t)
 
 
 _mine = threading.local()   # .n: numba's thread count on this thread, as threads() last set it

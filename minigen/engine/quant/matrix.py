@@ -222,7 +222,7 @@ class StoredMatrix:
                 return self._kernel(x, None, int8)
         if int8:
             return int8_kernels.times_int8(self, x)
-        return kernels.times(kernels.KINDS[self.type], self.tiles, self.groups * GROUP // self.unit, self.unit, x, self.shape[0])
+        return kernels.times(kernels.KINDS[self.type], self.tiles, x, self.shape[0])
 
     def times_blas(self, x: np.ndarray) -> np.ndarray:
         """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
@@ -249,7 +249,7 @@ class StoredMatrix:
         w_t = scratch_buffer(shape) if scratch else np.empty(shape, np.float32)
         kernels = _compiled()[0]
         with kernels.threads(threads):
-            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], self.groups * GROUP // self.unit, self.unit, w_t)
+            kernels.dequantize(kernels.KINDS[self.type], self.tiles[t0:t1], w_t)
         return w_t[:self.shape[1], lo - TILE * t0:hi - TILE * t0].T
 
 
@@ -411,8 +411,8 @@ def compiled_before(types, int8_types=()) -> bool:
     int8_types: a first forward compiles those it lacks, a few seconds each (kernels.in_cache; where numba's
     index is not laid out as 0.68's, whether the cache holds anything)."""
     kernels, int8 = _compiled()
-    products = ([kernels.PRODUCTS[kernels.KINDS[t]][kernels.ONE] for t in types]
-                + [int8.PRODUCTS[kernels.KINDS[t]][0] for t in int8_types])
+    products = ([kernels.WORKS[kernels.KINDS[t]][kernels.ONE] for t in types]
+                + [int8.WORKS[kernels.KINDS[t]][0] for t in int8_types])
     try:
         return all(kernels.in_cache(fn) for fn in products)
     except Exception:   # another numba
