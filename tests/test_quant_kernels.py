@@ -52,18 +52,6 @@ def test_layout_round_trip(matrices, name):
     assert m.nbytes == m.tiles.nbytes and m.nbytes >= raw.nbytes
 
 
-@pytest.mark.parametrize("name", [t for t in TYPES if t not in SHAPES])
-def test_compiled_tiling_equals_numpys(kernels, name):
-    """A load tiles each matrix with the kernels' compiled copy (kernels.tile_blocks): the same bytes as NumPy's
-    (a whole tile, a padded last one, K types' unpacked scales)."""
-    from minigen.engine.quant.formats import UNPACKED_SCALES
-    nbytes, unpack = FORMATS[name].nbytes, name in UNPACKED_SCALES
-    for out in (64, 100, 200):
-        raw = random_matrix(name, out, shape_of(name)[1], np.random.default_rng(out)).reshape(out, -1)
-        numpy_tiles = matrix_module._tile_blocks_numpy(raw.reshape(out, -1, nbytes), -(-out // 64), nbytes, unpack)
-        assert np.array_equal(matrix_module._tile_blocks(raw, nbytes, unpack), numpy_tiles), out
-
-
 @pytest.mark.parametrize("name", TYPES)
 def test_rows_are_the_lookup(matrices, name):
     m, raw = matrices[name]

@@ -955,34 +955,6 @@ def dequantize(kind: int, tiles, out_t):
     _run(address(WORKS[kind][VALUES]), thread_count(), tiles, np.zeros((0, out_t.shape[0]), F32), -1, out_t)
 
 
-@njit(parallel=True, **JIT)
-def tile_blocks(blocks, tiles, unpack_scales):
-    """matrix._tile_blocks compiled: blocks (out, n_blocks, nbytes) uint8, a matrix's rows of blocks as the file
-    stores them -> tiles (T, n_blocks, R, 64), byte r of block b of output 64t + j at [t, b, r, j], outputs past
-    `out` zero; with unpack_scales (Q4_K, Q5_K), the block's 12 bytes of 6-bit sub-scales and mins (4 ... 15)
-    become sc[8], m[8] at 4 ... 19 (formats.scale_min_k4) and the bytes after them move 4 down. A load's copy of
-    each weight: NumPy's strided copies took 3.4 s of Qwen2.5-Coder-1.5B Q4_K_M's ~4.5 s load."""
-    out, n_blocks, nbytes = blocks.shape
-    for t in prange(tiles.shape[0]):
-        for b in range(n_blocks):
-            tile = tiles[t, b]
-            for j in range(TILE):
-                o = TILE * t + j
-                if o >= out:
-                    tile[:, j] = 0
-                elif not unpack_scales:
-                    tile[:, j] = blocks[o, b]
-                else:
-                    q = blocks[o, b]
-                    tile[:4, j] = q[:4]
-                    tile[20:, j] = q[16:]
-                    for i in range(4):
-                        tile[4 + i, j] = q[4 + i] & 63                                    # sc of sub-block i
-                        tile[12 + i, j] = q[8 + i] & 63                                   # m
-                        tile[8 + i, j] = (q[12 + i] & 15) | ((q[4 + i] >> 6) << 4)        # sc of sub-block 4 + i
-                        tile[16 + i, j] = (q[12 + i] >> 4) | ((q[8 + i] >> 6) << 4)       # m
-
-
 def in_cache(fn) -> bool:
     """Whether numba's cache index holds code of fn (one of WORKS, or int8's), read by numba's private layout: an
     entry's key ends in hashes of the function's code and its closure (here the type and the way)."""

@@ -320,21 +320,10 @@ def stack(matrices: Sequence[StoredMatrix]) -> list[StoredMatrix]:
 
 def _tile_blocks(raw: np.ndarray, nbytes: int, unpack_scales: bool = False) -> np.ndarray:
     """(out, n_blocks·nbytes) -> (T, n_blocks, R, 64): outputs padded with zero blocks (value 0); R = nbytes,
-    or nbytes + 4 with `unpack_scales` (UNPACKED_SCALES: rows 4..15 become sc[8], m[8]). By the kernels'
-    compiled copy where they run (kernels.tile_blocks, the same bytes), else NumPy's."""
+    or nbytes + 4 with `unpack_scales` (UNPACKED_SCALES: rows 4..15 become sc[8], m[8])."""
     out = len(raw)
     T = -(-out // TILE)
     blocks = raw.reshape(out, -1, nbytes)
-    if HAVE_KERNELS:
-        tiles = np.empty((T, blocks.shape[1], nbytes + 4 * unpack_scales, TILE), np.uint8)
-        _compiled()[0].tile_blocks(blocks, tiles, unpack_scales)
-        return tiles
-    return _tile_blocks_numpy(blocks, T, nbytes, unpack_scales)
-
-
-def _tile_blocks_numpy(blocks: np.ndarray, T: int, nbytes: int, unpack_scales: bool) -> np.ndarray:
-    """_tile_blocks in NumPy: blocks (out, n_blocks, nbytes)."""
-    out = len(blocks)
     if T * TILE != out:
         blocks = np.concatenate([blocks, np.zeros((T * TILE - out, *blocks.shape[1:]), np.uint8)])
     by_tile = blocks.reshape(T, TILE, -1, nbytes).transpose(0, 2, 3, 1)        # (T, n_blocks, nbytes, 64), a view
