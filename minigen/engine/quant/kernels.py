@@ -50,10 +50,11 @@ accumulators in 4 registers (8 with AVX2) for the whole unit. What a thread does
 for one type and one way of its rows (_work: one row, a few, many; or the values alone), the first time a
 model calls it, and cached on disk; one parallel loop (_run) serves them all.
 
-The threads: `prange` over the threads, each a contiguous range of tiles, on numba's threading layer (OpenMP where libgomp is found: ~3 us to
-start a parallel region, against ~50 us for numba's own workqueue). Its idle threads spin briefly
-after a kernel, as OpenBLAS's do after a product: a decode step on stored matrices should keep
-OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not take each other's cores.
+The threads: `prange` over the threads, each a contiguous range of tiles, on numba's threading layer
+(OpenMP where libgomp is found: ~3 us to start a parallel region, against ~50 us for numba's own
+workqueue). Its idle threads spin briefly after a kernel, as OpenBLAS's do after a product: a decode step
+on stored matrices should keep OpenBLAS to one thread (parallel.blas_alone) so that the two pools do not
+take each other's cores.
 
 Which loop is innermost, and why: the tile's outputs, as lanes of vectors (16 per AVX-512 register, 8 per AVX2); over
 them, a unit's inputs (the loop the IR writes), the accumulators staying in registers; over those,
@@ -950,7 +951,8 @@ def dequantize(kind: int, tiles, out_t):
     """out_t (in, T·64) float32, C-contiguous = W.T for W in tiles (T, n_blocks, R, C) of type number `kind`, its
     values as `times` sees them. Transposed, as the tiles hold them (a unit's values are (inputs, 64 outputs)),
     where (n_out, in) would take 64 scattered stores per input; OpenBLAS multiplies x @ out_t as well."""
-    if not out_t.flags.c_contiguous or out_t.shape != (tiles.shape[1] * UNITS[NAMES[kind]] * UNIT[NAMES[kind]], tiles.shape[0] * TILE):
+    n_in = tiles.shape[1] * UNITS[NAMES[kind]] * UNIT[NAMES[kind]]
+    if not out_t.flags.c_contiguous or out_t.shape != (n_in, tiles.shape[0] * TILE):
         raise ValueError(f"dequantize: out_t {out_t.shape} is not a C-contiguous W.T of these tiles")
     _run(address(WORKS[kind][VALUES]), thread_count(), tiles, np.zeros((0, out_t.shape[0]), F32), -1, out_t)
 
