@@ -812,8 +812,9 @@ def in_registers(k: int, lanes: int) -> bool:
 # thread does with its tiles is compiled for one type and one way of its rows (one row, a few in registers, a
 # prompt's; or the values alone, for `dequantize`) as a C function (numba's cfunc), compiled the first time a
 # model calls it and cached on disk; `_run` calls it by its address. A parallel loop compiled for each type and
-# way instead cost ~3 times as much to compile (all sixteen types' products: 93 -> 33 s here), as numba builds
-# a parallel loop as four nested functions, each optimised and made into machine code again with all it holds.
+# way instead cost ~3 times as much to compile (every type's every way, exact and int8: 155-174 -> 50-53 s here),
+# as numba builds a parallel loop as four nested functions, each optimised and made into machine code again with
+# all it holds.
 ONE, FEW_ROWS, MANY, VALUES = 0, 1, 2, 3   # the ways: one row, 2 to FEW in registers, more, the values alone
 WAY_NAMES = ("one", "few", "many", "values")
 TILE_SHAPE = {name: (BLOCK_BYTES[name] // TILE, TILE) if name not in ("F32", "F16", "BF16")
