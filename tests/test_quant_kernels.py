@@ -394,6 +394,31 @@ def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_
     assert before(["Q4_0"], ["Q4_0"])
 
 
+def test_a_product_asked_for_on_two_threads_at_once_compiles_once(kernels, monkeypatch, tmp_path):
+    """kernels.address compiles a type's work the first time it is asked for, once, when two threads (a long
+    prompt's halves) ask at the same moment."""
+    import threading
+    import time
+    import numba
+    from minigen.engine.quant import kernels as k
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    fn = k._work(k.KINDS["Q4_0"], k.ONE)
+    compiles, compile = [], fn.compile
+
+    def slow_compile():
+        compiles.append(1)
+        time.sleep(0.2)   # both threads are asking by now
+        compile()
+    fn.compile = slow_compile
+    addresses = []
+    threads = [threading.Thread(target=lambda: addresses.append(k.address(fn))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compiles) == 1 and len(set(addresses)) == 1 and addresses[0]
+
+
 def test_each_compiled_product_keeps_a_cache_of_its_own(kernels):
     """Every (type, way) product and dequantizer, exact and int8, has a name of its own, and so its own numba
     index: closures sharing one index had two processes compiling at once cross their entries, and a later start

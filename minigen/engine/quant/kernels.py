@@ -887,10 +887,16 @@ def lazy_cfunc(fn, sig, options: dict):
 
 
 def address(fn) -> int:
-    """Where the compiled code of a lazy_cfunc begins, compiling (or loading) it the first time."""
+    """Where the compiled code of a lazy_cfunc begins, compiling (or loading) it the first time, once: the two halves
+    of a long prompt (parallel.py) ask on two threads at once, and each would compile it."""
     if fn._wrapper_address is None:
-        fn.compile()
+        with _compiling:
+            if fn._wrapper_address is None:
+                fn.compile()
     return fn._wrapper_address
+
+
+_compiling = threading.Lock()
 
 
 def own_name(fn, name: str):
