@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import MinigenError
-from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, UNIT_INPUTS, UNPACKED_SCALES, scale_min_k4
+from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, UNPACKED_SCALES, scale_min_k4
 from .formats import dequantize as dequantize_rows
 from .quantize import QUANTIZERS, _pack_scale_min_k4, quantize_rows
 
@@ -145,11 +145,6 @@ class StoredMatrix:
     def groups(self) -> int:
         """Groups of 32 inputs in one block of the tiles."""
         return max(1, FORMATS[self.type].block // GROUP) if self.type not in FLOATS else 1
-
-    @property
-    def unit(self) -> int:
-        """Inputs the kernels decode at a time (UNIT_INPUTS, else 32)."""
-        return UNIT_INPUTS.get(self.type, GROUP)
 
     def __repr__(self) -> str:
         return f"StoredMatrix({self.name!r}, {self.type}, {self.shape})"
