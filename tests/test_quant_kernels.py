@@ -5,6 +5,8 @@ decoder equals formats.py bit for bit; the embedding lookup, the layout's round 
 without numba, and the refusals of what it does not hold."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,36 @@ def test_layout_round_trip(matrices, name):
     assert np.array_equal(m.raw(slice(63, 131)), raw[63:131])
     assert np.array_equal(m.dequantize(), dequantize(raw, name))
     assert m.nbytes == m.tiles.nbytes and m.nbytes >= raw.nbytes
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_tiles_made_in_parts_equal_those_made_whole(matrices, name, monkeypatch):
+    """A large matrix is tiled in one part per thread (a load's gather on both cores): three parts here,
+    the last one padded past the outputs, the same bytes."""
+    m, raw = matrices[name]
+    monkeypatch.setattr(matrix_module, "SPLIT_BYTES", 0)
+    monkeypatch.setattr(matrix_module, "n_threads", lambda: 3)
+    parts = StoredMatrix.from_bytes(raw, name, m.shape)
+    assert np.array_equal(parts.tiles, m.tiles) and np.array_equal(parts.raw(), raw)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_tiles_are_not_asked_for_huge_pages():
+    """NumPy asks for 2 MB pages for arrays of 4 MB or more; the tiles, a whole model's worth of fresh memory
+    at load, keep the system's default (their first touch cost 2-5x as much in huge pages on a VM here)."""
+    raw = random_matrix("Q8_0", 2048, 2048, np.random.default_rng(4))
+    tiles = StoredMatrix.from_bytes(raw, "Q8_0", (2048, 2048)).tiles
+    assert tiles.nbytes >= 4 << 20
+    middle = tiles.__array_interface__["data"][0] + tiles.nbytes // 2   # (NumPy advises from a 2 MB boundary on)
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        span = line.split(" ", 1)[0].split("-")
+        if len(span) == 2 and int(span[0], 16) <= middle < int(span[1], 16):
+            flags = next(x for x in lines[i + 1:] if x.startswith("VmFlags:"))
+            assert " hg" not in flags, flags
+            return
+    pytest.fail("the tiles' mapping is not in /proc/self/smaps")
 
 
 @pytest.mark.parametrize("name", TYPES)
