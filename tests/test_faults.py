@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -171,8 +172,15 @@ def test_cache_grows_instead_of_taking_the_whole_context():
 def test_non_finite_logits_name_the_step():
     model, tok = minigen.load(FIXTURES_DIR / "llama_gqa3")
     model.params["layers"][1]["wo"] = model.params["layers"][1]["wo"] * np.float32(np.inf)
-    with pytest.raises(MinigenError, match="step 1: the model's logits are not finite"):
-        minigen.generate(model, tok, "Hello", max_tokens=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # one error naming the step, not NumPy's warnings on the way
+        with pytest.raises(MinigenError, match="step 1: the model's logits are not finite"):
+            minigen.generate(model, tok, "Hello", max_tokens=3)
+        for drafter in (dict(prompt_lookup=True), dict(draft_model=(model, tok))):   # speculative, a draft model's too
+            with pytest.raises(MinigenError, match="step 1: the model's logits are not finite"):
+                minigen.generate(model, tok, "Hello Hello Hello", max_tokens=3, **drafter)
+        with pytest.raises(MinigenError, match="step 1: the model's logits are not finite"):
+            minigen.generate_batch(model, tok, ["Hello", "Hi there"], max_tokens=3)
 
 
 @pytest.mark.parametrize("kw, option", [(dict(top_k=1.5), "top_k"), (dict(seed="x"), "seed"), (dict(stop=5), "stop"),

@@ -28,7 +28,7 @@ from typing import Callable, Sequence as Ids
 from ..engine.cache import pool, unpool
 from ..engine.mixers import make_pools
 from ..errors import MinigenError, OptionError, is_int, short
-from .sequence import Sequence, Step
+from .sequence import Sequence, Step, quietly
 from .steps import Run
 
 
@@ -78,7 +78,7 @@ class Batch:
         feeds = dict(zip(handles, self._cut([self.sequences[h] for h in handles])))
         handles = [h for h in handles if feeds[h]]              # a prompt left waiting for the next step
         seqs = [self.sequences[h] for h in handles]
-        logits = self.model.forward_batch([feeds[h] for h in handles], [s.cache for s in seqs], last_only=True)
+        logits = quietly(self.model.forward_batch, [feeds[h] for h in handles], [s.cache for s in seqs], last_only=True)
         out: dict[int, Step | Exception] = {}
         for h, s, row in zip(handles, seqs, logits):            # row: (1, V)
             if s.took(len(feeds[h])):   # a piece of its prompt: no token yet

@@ -185,6 +185,13 @@ class Sequence:
                                f"the checkpoint's weights or config.json are likely corrupt")
 
 
+def quietly(forward: Callable, *args, **kw):
+    """forward(*args, **kw) without NumPy's warnings: a generation's non-finite values are its step's to report,
+    once, by name (Sequence.check_logits), not a RuntimeWarning per operation on the way there."""
+    with np.errstate(all="ignore"):
+        return forward(*args, **kw)
+
+
 def sampling_pipeline(o: Options) -> tuple[Sampler, list[Processor], "np.random.Generator | None"]:
     """(sampler, logits processors, rng) for options the model has filled in. Greedy draws nothing, so
     it needs no rng (and numpy.random, 6 MB, stays unloaded). A constraint (generation/constraint.py)

@@ -38,7 +38,7 @@ from ..engine.quant import STORED
 from ..errors import MinigenError
 from .sampling import Processor, categorical
 from .ids import common_prefix
-from .sequence import Sequence, Step
+from .sequence import Sequence, Step, quietly
 
 KS = tuple(range(17))   # draft lengths the policy chooses among
 # forward(r rows) / forward(1 row) for SmolLM2-135M after a 150-token prompt (scripts/bench.py --spec,
@@ -83,7 +83,7 @@ def decode(seq: Sequence, drafter) -> Iterator[Step]:
         if draft:   # recurrent layers (hybrids) cannot drop rejected drafts: they return here, then refeed
             checkpoint(seq.cache)
         base = seq.cache[0].offset + len(pending)   # cache positions filled before the first kept token's
-        logits = forward_rows(seq.model, pending + draft, seq.cache, len(draft) + 1)         # (k + 1, V)
+        logits = quietly(forward_rows, seq.model, pending + draft, seq.cache, len(draft) + 1)   # (k + 1, V)
         seq.check_logits(logits)
         out = verify(logits, draft, q, seq.tokens, seq.sampler, seq.processors, seq.rng)
         seconds = time.perf_counter() - start
@@ -334,7 +334,7 @@ class DraftModel:
             if (kept := self.model.resume(self.cache, offset, offset + len(feed))) < offset:   # longrope's switch
                 feed, caught_up = (tokens + out)[kept:], False
             fed = len(feed)
-            scores = self.model.forward(feed, self.cache, last_only=True)[0][:self.vocab]
+            scores = quietly(self.model.forward, feed, self.cache, last_only=True)[0][:self.vocab]
             for process in processors:
                 scores = process(scores, tokens + out)
             out.append(self._pick(scores, sampler, rng, q))
@@ -355,7 +355,7 @@ class DraftModel:
         cache = self.model.make_cache(4)
         for _ in range(2):
             start = time.perf_counter()
-            self.model.forward([token], cache, last_only=True)
+            quietly(self.model.forward, [token], cache, last_only=True)
             seconds = time.perf_counter() - start
             truncate(cache, 0)
         return seconds

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence as Ids
 from ..engine.cache import checkpoint
 from ..text.stream import TextStream
 from .options import Options
-from .sequence import Sequence, Step, eos_token_ids, prompt_ids
+from .sequence import Sequence, Step, eos_token_ids, prompt_ids, quietly
 from . import speculative
 
 
@@ -37,8 +37,8 @@ def decode(seq: Sequence) -> Iterator[Step]:
         return
     while True:
         start, record = time.perf_counter(), [] if seq.options.record_attention and seq.record is None else None
-        logits = seq.model.forward(seq.feed(), seq.cache, last_only=True,
-                                   record=seq.record if record is None else record)[0]   # (V,)
+        logits = quietly(seq.model.forward, seq.feed(), seq.cache, last_only=True,
+                         record=seq.record if record is None else record)[0]   # (V,)
         if not seq.generated:  # recurrent layers (hybrids) keep their state after the prompt: a next chat turn returns here
             checkpoint(seq.cache)
         step = seq.step(logits, attentions=record)
