@@ -388,9 +388,10 @@ def small_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
     pages: NumPy asks the kernel for 2 MB pages for every array of 4 MB or more, whose first touch cost 1.5-3.5 s
     a GiB on this VM (the host backs a huge page afresh) against 0.5-0.6 s in 4 KB pages; the kernels' streaming
     reads ran as fast either way (Qwen2.5-Coder-1.5B Q4_K_M decode, both in one process, in turn). llama.cpp's
-    mapped file is in 4 KB pages too."""
+    mapped file is in 4 KB pages too. Below 4 MB (a MoE's many small experts), NumPy's memory, which it does not
+    advise; so on Windows, which has no anonymous map of this kind."""
     n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if n == 0:
+    if n < 1 << 22 or not hasattr(mmap, "MAP_ANONYMOUS"):
         return np.empty(shape, dtype)
     return np.frombuffer(mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype).reshape(shape)
 
