@@ -74,6 +74,17 @@ def test_decode_attention_equals_float64_and_the_numpy_path(H, KV, d, S, window)
         np.testing.assert_allclose(split, want, atol=2e-6, err_msg=f"{threads} threads")
 
 
+def test_decode_attention_refuses_arrays_it_cannot_read_by_address():
+    """The compiled attention reads its arrays through their first elements' addresses: a strided one is
+    refused rather than misread."""
+    rng = np.random.default_rng(3)
+    keys_t, values = cache_of(rng, 2, 64, 40, capacity=48)
+    q, out = rng.standard_normal((4, 64), dtype=np.float32), np.empty((4, 64), np.float32)
+    for args in [(q[:, ::2].copy(), keys_t[:, ::2], values[:, :, ::2]), (q.T.copy().T, keys_t, values)]:
+        with pytest.raises(ValueError, match="C-contiguous"):
+            compiled.decode_attention(*args, 0, 40, np.float32(0.125), out[:, :args[0].shape[1]])
+
+
 def test_decode_attention_takes_the_given_scale_leaves_soft_caps_to_numpy_and_splits_long_caches(monkeypatch):
     rng = np.random.default_rng(1)
     keys_t, values = cache_of(rng, 2, 32, 50, 64)

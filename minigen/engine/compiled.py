@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
-from .quant.kernels import JIT, thread_count  # noqa: F401  (thread_count: for attention.py)
+from .quant.kernels import F32_P, INT, JIT, address, call, data, lazy_cfunc, thread_count  # noqa: F401  (thread_count: for attention.py)
 
 F32 = np.float32
 
@@ -74,12 +74,16 @@ def rms_norm(x, w, eps):
     return y
 
 
-@njit(nogil=True, **JIT)
 def decode_attention(q, keys_t, values, lo, stop, scale, out):
     """One query per head q (H, d) over the keys and values lo .. stop − 1 of one sequence's cache buffers,
-    keys_t (KV, d, C) and values (KV, C, d) (cache.KVBase's, whole: a slice of them would not vectorise):
-    out (H, d) = softmax(scale · q Kᵀ) V, query head h reading KV head h // G. The G heads of a KV head go
-    together (attend_part), each block of keys and values loaded once for all of them."""
+    keys_t (KV, d, C) and values (KV, C, d) (cache.KVBase's, whole: a slice of them would not vectorise), all
+    C-contiguous: out (H, d) = softmax(scale · q Kᵀ) V, query head h reading KV head h // G. The G heads of a KV
+    head go together (attend_part), each block of keys and values loaded once for all of them."""
+    _decode_attention(address(ATTEND), *_contiguous(q, keys_t, values), lo, stop, scale, *_contiguous(out))
+
+
+@njit(nogil=True, **JIT)
+def _decode_attention(attend, q, keys_t, values, lo, stop, scale, out):
     H, d = q.shape
     KV = keys_t.shape[0]
     G = H // KV
@@ -87,20 +91,32 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
     total = work[4]
     for kv in range(KV):
         o = out[kv * G:(kv + 1) * G]
-        attend_part(q, keys_t, values, kv, lo, stop, scale, o, work)
+        attend_at(attend, q, keys_t, values, kv, lo, stop, scale, o, work)
         for g in range(G):
             inv = F32(1) / total[g]
             for i in range(d):
                 o[g, i] *= inv
 
 
-@njit(parallel=True, nogil=True, **JIT)
 def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
     """decode_attention on numba's threads (a long cache: a decode step after 4,096 tokens of Qwen2.5-1.5B reads
     235 MB of keys and values), each task one KV head's G heads over a part of the keys (`attend_part`), the
     parts joined as flash-decoding joins them: out = sum_p e^(m_p − M) o_p / sum_p e^(m_p − M) z_p, for each
     part's max m_p, sum z_p and unnormalised output o_p. Parts: one per KV head when the `threads` (numba's,
     as many as this call runs on) divide the KV heads, else as many as threads per KV head."""
+    _decode_attention_split(address(ATTEND), *_contiguous(q, keys_t, values), lo, stop, scale, threads, *_contiguous(out))
+
+
+def _contiguous(*arrays):
+    """The arrays, each C-contiguous, as ATTEND reads them through their first elements' addresses."""
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            raise ValueError("compiled decode attention: q, keys_t, values and out must be C-contiguous")
+    return arrays
+
+
+@njit(parallel=True, nogil=True, **JIT)
+def _decode_attention_split(attend, q, keys_t, values, lo, stop, scale, threads, out):
     H, d = q.shape
     KV = keys_t.shape[0]
     G, n = H // KV, stop - lo
@@ -111,7 +127,7 @@ def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
         kv, p = task // P, task % P
         a, b = lo + n * p // P, lo + n * (p + 1) // P
         work = scratch(G, d, b - a)
-        attend_part(q, keys_t, values, kv, a, b, scale, parts[kv, p], work)
+        attend_at(attend, q, keys_t, values, kv, a, b, scale, parts[kv, p], work)
         tops[kv, p], totals[kv, p] = work[3], work[4]
     for kv in range(KV):
         for g in range(G):
@@ -164,6 +180,31 @@ def attend_part(q, keys_t, values, kv, a, b, scale, o, work):
     _scores(qs, keys_t[kv], a, n, scores)
     _softmax(scores, n, lanes, top, total)
     _weighted_values(scores, values[kv], a, n, o)
+
+
+def _attend(q_p, H, d, keys_p, KV, C, values_p, kv, a, b, scale, o_p, qs_p, scores_p, lanes_p, top_p, total_p):
+    """attend_part as a C function (numba's cfunc, as the products' work in quant/kernels.py): compiled once, its
+    steps with it, and called by its address from each of the four decode attentions (one thread, split, a
+    batch's pool on one thread or split), which numba would otherwise each compile again with all they call.
+    Compiling all four with an empty cache (an ad-hoc script, Zen 5): 15.3 s -> 7.8 s; their times equal."""
+    G = H // KV
+    work = (carray(qs_p, (G, d)), carray(scores_p, (G, b - a + 16)), carray(lanes_p, (LANES,)), carray(top_p, (G,)),
+            carray(total_p, (G,)))
+    attend_part(carray(q_p, (H, d)), carray(keys_p, (KV, d, C)), carray(values_p, (KV, C, d)), kv, a, b, scale,
+                carray(o_p, (G, d)), work)
+
+
+ATTEND = lazy_cfunc(_attend, types.void(F32_P, INT, INT, F32_P, INT, INT, F32_P, INT, INT, INT, types.float32, F32_P,
+                                        F32_P, F32_P, F32_P, F32_P, F32_P), JIT)
+
+
+@njit(inline="always", **JIT)
+def attend_at(attend, q, keys_t, values, kv, a, b, scale, o, work):
+    """attend_part(q, keys_t, values, kv, a, b, scale, o, work) by the C function at `attend` (ATTEND's address)."""
+    qs, scores, lanes, top, total = work
+    call(attend, (data(q), q.shape[0], q.shape[1], data(keys_t), keys_t.shape[0], keys_t.shape[2], data(values),
+                  np.int64(kv), np.int64(a), np.int64(b), F32(scale), data(o), data(qs), data(scores), data(lanes),
+                  data(top), data(total)))
 
 
 @njit(nogil=True, **JIT)
@@ -298,17 +339,25 @@ def rope(x, cos, sin):
     return out
 
 
-@njit(nogil=True, **JIT)
 def decode_pool(q, keys_t, values, slots, los, stops, scale, out):
     """decode_attention for each of B sequences of a batch's pool (cache.KVPool), keys_t (P, KV, d, C) and values
     (P, KV, C, d): sequence b's query heads q[b] (H, d) over keys los[b] .. stops[b] − 1 of slot slots[b], into
     out[b]; each over its own length, where the pooled NumPy product pads every slot to the longest."""
+    _decode_pool(address(ATTEND), *_contiguous(q, keys_t, values), slots, los, stops, scale, *_contiguous(out))
+
+
+def decode_pool_split(q, keys_t, values, slots, los, stops, scale, out):
+    """decode_pool with the sequences shared among numba's threads."""
+    _decode_pool_split(address(ATTEND), *_contiguous(q, keys_t, values), slots, los, stops, scale, *_contiguous(out))
+
+
+@njit(nogil=True, **JIT)
+def _decode_pool(attend, q, keys_t, values, slots, los, stops, scale, out):
     for b in range(q.shape[0]):
-        decode_attention(q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
+        _decode_attention(attend, q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
 
 
 @njit(parallel=True, nogil=True, **JIT)
-def decode_pool_split(q, keys_t, values, slots, los, stops, scale, out):
-    """decode_pool with the sequences shared among numba's threads."""
+def _decode_pool_split(attend, q, keys_t, values, slots, los, stops, scale, out):
     for b in prange(q.shape[0]):
-        decode_attention(q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
+        _decode_attention(attend, q[b], keys_t[slots[b]], values[slots[b]], los[b], stops[b], scale, out[b])
