@@ -27,7 +27,8 @@ from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
-from .quant.kernels import F32_P, INT, JIT, address, call, data, lazy_cfunc, thread_count  # noqa: F401  (thread_count: for attention.py)
+from .quant.kernels import F32_P, INT, JIT, address, call, data, lazy_cfunc
+from .quant.kernels import thread_count  # noqa: F401  (for attention.py)
 
 F32 = np.float32
 
@@ -104,7 +105,8 @@ def decode_attention_split(q, keys_t, values, lo, stop, scale, threads, out):
     parts joined as flash-decoding joins them: out = sum_p e^(m_p − M) o_p / sum_p e^(m_p − M) z_p, for each
     part's max m_p, sum z_p and unnormalised output o_p. Parts: one per KV head when the `threads` (numba's,
     as many as this call runs on) divide the KV heads, else as many as threads per KV head."""
-    _decode_attention_split(address(ATTEND), *_contiguous(q, keys_t, values), lo, stop, scale, threads, *_contiguous(out))
+    q, keys_t, values, out = _contiguous(q, keys_t, values, out)
+    _decode_attention_split(address(ATTEND), q, keys_t, values, lo, stop, scale, threads, out)
 
 
 def _contiguous(*arrays):
