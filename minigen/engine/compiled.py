@@ -80,7 +80,8 @@ def decode_attention(q, keys_t, values, lo, stop, scale, out):
     keys_t (KV, d, C) and values (KV, C, d) (cache.KVBase's, whole: a slice of them would not vectorise), all
     C-contiguous: out (H, d) = softmax(scale · q Kᵀ) V, query head h reading KV head h // G. The G heads of a KV
     head go together (attend_part), each block of keys and values loaded once for all of them."""
-    _decode_attention(address(ATTEND), *_contiguous(q, keys_t, values), lo, stop, scale, *_contiguous(out))
+    q, keys_t, values, out = _contiguous(q, keys_t, values, out)
+    _decode_attention(address(ATTEND), q, keys_t, values, lo, stop, scale, out)
 
 
 @njit(nogil=True, **JIT)
@@ -345,12 +346,14 @@ def decode_pool(q, keys_t, values, slots, los, stops, scale, out):
     """decode_attention for each of B sequences of a batch's pool (cache.KVPool), keys_t (P, KV, d, C) and values
     (P, KV, C, d): sequence b's query heads q[b] (H, d) over keys los[b] .. stops[b] − 1 of slot slots[b], into
     out[b]; each over its own length, where the pooled NumPy product pads every slot to the longest."""
-    _decode_pool(address(ATTEND), *_contiguous(q, keys_t, values), slots, los, stops, scale, *_contiguous(out))
+    q, keys_t, values, out = _contiguous(q, keys_t, values, out)
+    _decode_pool(address(ATTEND), q, keys_t, values, slots, los, stops, scale, out)
 
 
 def decode_pool_split(q, keys_t, values, slots, los, stops, scale, out):
     """decode_pool with the sequences shared among numba's threads."""
-    _decode_pool_split(address(ATTEND), *_contiguous(q, keys_t, values), slots, los, stops, scale, *_contiguous(out))
+    q, keys_t, values, out = _contiguous(q, keys_t, values, out)
+    _decode_pool_split(address(ATTEND), q, keys_t, values, slots, los, stops, scale, out)
 
 
 @njit(nogil=True, **JIT)
