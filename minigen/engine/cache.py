@@ -14,7 +14,9 @@ costs no memory (np.zeros would have malloc clear, and so touch, much of it up f
 transposed, (n_kv, head_dim, capacity): the filled part of each head is then a contiguous-row
 (head_dim, S) matrix, which makes q · Kᵀ one plain BLAS call (about 5x faster for a decode step than
 against a transposed (S, head_dim) view). `update_and_fetch` still hands out keys as (n_kv, S,
-head_dim) views, so callers never see the difference. Cutting it back only moves the offset.
+head_dim) views, so callers never see the difference. Cutting it back only moves the offset. Large
+buffers are in 4 KB pages (pages.py): in NumPy's 2 MB pages, the transposed keys' first
+positions would touch every page, and a cache would be resident at its whole capacity.
 
 Rolling back (a rejected speculative token, a chat turn whose template renders earlier turns
 differently) is `truncate(cache, n)` on the whole model's cache. A KV layer keeps any n. A recurrent
@@ -32,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import parallel
+from . import pages, parallel
 from .attention import causal_attention, decode_attention, pooled_decode_attention, slot_runs
 
 
@@ -123,14 +125,14 @@ class KVCache(KVBase):
     """A sequence's keys and values of one layer, in arrays of its own."""
 
     def __init__(self, n_kv: int, head_dim: int, capacity: int = 256):
-        self.keys_t = np.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
-        self.values = np.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
+        self.keys_t = pages.empty((n_kv, head_dim, capacity), np.float32)    # (KV, d, capacity)
+        self.values = pages.empty((n_kv, capacity, head_dim), np.float32)    # (KV, capacity, d)
         self.offset = 0
 
     def _grow(self, needed: int):
         capacity = max(needed, 2 * self.capacity)
-        keys_t = np.empty(self.keys_t.shape[:2] + (capacity,), np.float32)
-        values = np.empty((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
+        keys_t = pages.empty(self.keys_t.shape[:2] + (capacity,), np.float32)
+        values = pages.empty((self.values.shape[0], capacity, self.values.shape[2]), np.float32)
         keys_t[:, :, :self.offset] = self.keys_t[:, :, :self.offset]
         values[:, :self.offset] = self.values[:, :self.offset]
         self.keys_t, self.values = keys_t, values
@@ -145,13 +147,14 @@ class KVPool:
     as its layer cache (`PooledKV`). The slots share one capacity, which grows like a KVCache's
     (doubling; each slot copies only its filled part); the slot count doubles when all are taken. The
     arrays start zeroed, not empty as a KVCache's: a pooled product reads past a short slot's end, where
-    its zero weights times V must stay zero (0 x a NaN of uninitialised memory would not). np.zeros
-    takes fresh pages from the system, touched only when written, so a long sequence beside short ones
-    costs little more memory than it would alone. `release` hands a leaving sequence a KVCache of its own."""
+    its zero weights times V must stay zero (0 x a NaN of uninitialised memory would not). pages.zeros
+    takes fresh 4 KB pages from the system, touched only when written, so a long sequence beside short
+    ones costs little more memory than it would alone (in NumPy's 2 MB pages, every slot in use would be
+    resident at the whole capacity). `release` hands a leaving sequence a KVCache of its own."""
 
     def __init__(self, n_kv: int, head_dim: int, slots: int = 4, capacity: int = 256):
-        self.keys_t = np.zeros((slots, n_kv, head_dim, capacity), np.float32)   # (P, KV, d, C)
-        self.values = np.zeros((slots, n_kv, capacity, head_dim), np.float32)   # (P, KV, C, d)
+        self.keys_t = pages.zeros((slots, n_kv, head_dim, capacity), np.float32)   # (P, KV, d, C)
+        self.values = pages.zeros((slots, n_kv, capacity, head_dim), np.float32)   # (P, KV, C, d)
         self.members: dict[int, PooledKV] = {}                                  # slot -> its cache
         self.first = (slots, capacity)
 
@@ -203,8 +206,8 @@ class KVPool:
         return own
 
     def _grow(self, slots: int, capacity: int):
-        keys_t = np.zeros((slots,) + self.keys_t.shape[1:3] + (capacity,), np.float32)
-        values = np.zeros((slots, self.values.shape[1], capacity, self.values.shape[3]), np.float32)
+        keys_t = pages.zeros((slots,) + self.keys_t.shape[1:3] + (capacity,), np.float32)
+        values = pages.zeros((slots, self.values.shape[1], capacity, self.values.shape[3]), np.float32)
         for slot, m in self.members.items():   # only what each slot has filled: nothing else is touched
             keys_t[slot, :, :, :m.offset] = self.keys_t[slot, :, :, :m.offset]
             values[slot, :, :m.offset] = self.values[slot, :, :m.offset]

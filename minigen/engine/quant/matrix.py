@@ -20,7 +20,6 @@ Experts (E, out, in) are a list of StoredMatrix, one per expert (`stack`), each 
 from __future__ import annotations
 
 import importlib.util
-import mmap
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import MinigenError
+from .. import pages
 from ..parallel import in_threads, n_threads
 from .formats import BY_GGML_TYPE, FORMATS, INT8_TYPES, OTHER_GGML_TYPES, UNPACKED_SCALES, scale_min_k4
 from .formats import dequantize as dequantize_rows
@@ -322,7 +322,7 @@ def _tile_blocks(raw: np.ndarray, nbytes: int, unpack_scales: bool = False) -> n
     out = len(raw)
     T = -(-out // TILE)
     blocks = raw.reshape(out, -1, nbytes)                                      # (out, n_blocks, nbytes)
-    tiles = small_pages((T, blocks.shape[1], nbytes + 4 if unpack_scales else nbytes, TILE), np.uint8)
+    tiles = pages.empty((T, blocks.shape[1], nbytes + 4 if unpack_scales else nbytes, TILE), np.uint8)
 
     def fill(lo: int, hi: int) -> None:                                        # tiles lo..hi
         by_tile = _padded_rows(blocks, lo * TILE, hi * TILE).reshape(hi - lo, TILE, -1, nbytes).transpose(0, 2, 3, 1)
@@ -371,7 +371,7 @@ def _tile_floats(raw: np.ndarray, type: str, n_in: int) -> np.ndarray:
     out = len(raw)
     v = raw.view(FLOATS[type]).reshape(out, n_in)
     T, nb = -(-out // TILE), -(-n_in // GROUP)
-    tiles = small_pages((T, nb, GROUP, TILE), v.dtype)
+    tiles = pages.empty((T, nb, GROUP, TILE), v.dtype)
 
     def fill(lo: int, hi: int) -> None:                                        # tiles lo..hi
         rows = _padded_rows(v, lo * TILE, hi * TILE)                           # ((hi - lo)·64, in)
@@ -381,19 +381,6 @@ def _tile_floats(raw: np.ndarray, type: str, n_in: int) -> np.ndarray:
 
     _in_parts(fill, T, tiles.nbytes)
     return tiles.view(np.uint8)
-
-
-def small_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised array in anonymous memory of its own (freed with the array), in the system's default
-    pages: NumPy asks the kernel for 2 MB pages for every array of 4 MB or more, whose first touch cost 1.5-3.5 s
-    a GiB on this VM (the host backs a huge page afresh) against 0.5-0.6 s in 4 KB pages; the kernels' streaming
-    reads ran as fast either way (Qwen2.5-Coder-1.5B Q4_K_M decode, both in one process, in turn). llama.cpp's
-    mapped file is in 4 KB pages too. Below 4 MB (a MoE's many small experts), NumPy's memory, which it does not
-    advise; so on Windows, which has no anonymous map of this kind."""
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if n < 1 << 22 or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype).reshape(shape)
 
 
 _scratch: dict[int, np.ndarray] = {}   # thread id -> its buffer for dequantized chunks (times_blas)
