@@ -2,6 +2,7 @@
 out here and against the NumPy reference they stand in for: RMSNorm of a few rows, one query per head over a
 KV cache (grouped heads, a sliding window, key counts across the twin's blocks of keys), the softmax's
 exponential, and a model's decode steps with the twins and without them."""
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -219,12 +220,14 @@ def test_a_pools_decode_step_takes_each_sequence_over_its_own_keys(window, monke
     for name in ("decode_pool", "decode_pool_split"):
         pool = getattr(compiled, name)
         monkeypatch.setattr(compiled, name, lambda *a, name=name, pool=pool: used.append(name) or pool(*a))
-    monkeypatch.setattr(compiled, "thread_count", lambda: 2)
-    for limit in (attention.TWIN_SCORES, 10):   # the sequences on one thread, or (past 10 scores in all) on two
-        monkeypatch.setattr(attention, "TWIN_SCORES", limit)
-        out = attention.pooled_decode_attention(q, keys_t, values, slots, lengths, window)
+    # the sequences on numba's two threads; on one inside blas_alone (a thread whose products keep to it) or
+    # where numba has one (a busy machine's step)
+    for keep, threads in ((nullcontext, 2), (parallel.blas_alone, 2), (nullcontext, 1)):
+        monkeypatch.setattr(compiled, "thread_count", lambda threads=threads: threads)
+        with keep():
+            out = attention.pooled_decode_attention(q, keys_t, values, slots, lengths, window)
         for b, (s, n) in enumerate(zip(slots, lengths)):
             lo = 0 if window is None else max(0, n - window)
             want = softmax_attention64(q[b], keys_t[s, :, :, :n].transpose(0, 2, 1), values[s, :, :n], lo, 1 / np.sqrt(d))
             np.testing.assert_allclose(out[b], want, atol=2e-6)
-    assert used == ["decode_pool", "decode_pool_split"]
+    assert used == ["decode_pool_split", "decode_pool", "decode_pool"]

@@ -286,17 +286,26 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     with every slot's scores cut at the longest length, each masked past its own (and outside its
     window); a free slot between them computes nothing anyone reads. The same formula as
     `_attend_block` (rows normalised after the product with V). Returns out (B, H, d).
-    By numba's twins (compiled.decode_pool, on numba's threads past TWIN_SCORES scores in all) where
-    decode_attention would take them."""
+    By numba's twins (compiled.decode_pool) where decode_attention would take them, the sequences shared among
+    numba's threads from two on: each sequence's keys are its own rows of lines, which a thread waits for however
+    few the keys (SmolLM2's 9 heads, 16 sequences of 1 / 40 / 150 keys, Zen 5: 47 / 125 / 232 us on one thread,
+    26 / 64 / 121 split; 2 sequences of 40 keys 15 / 10; a decode step of one sequence splits past TWIN_SCORES)."""
     (B, H, d), KV = q.shape, keys_t.shape[1]
     firsts = np.zeros(B, np.int64) if window is None else np.maximum(0, lengths - window).astype(np.int64)
     if softcap is None and (twin := twins()) is not None:                    # compiled.py, each over its own keys
         out = np.empty((B, H, d), np.float32)
-        alone = H * int((lengths - firsts).sum()) <= TWIN_SCORES or B == 1 or parallel.alone() or twin.thread_count() == 1
+        alone = B == 1 or parallel.alone() or twin.thread_count() == 1
         pool = twin.decode_pool if alone else twin.decode_pool_split
         pool(np.ascontiguousarray(q, np.float32), keys_t, values, slots.astype(np.int64), firsts,
              lengths.astype(np.int64), np.float32(1.0 / math.sqrt(d) if scale is None else scale), out)
         return out
+    with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
+        return _pooled_products(q, keys_t, values, slots, lengths, window, scale, softcap)
+
+
+def _pooled_products(q, keys_t, values, slots, lengths, window, scale, softcap) -> np.ndarray:
+    """pooled_decode_attention in NumPy: one product over the slots lo..hi-1, masked per slot."""
+    (B, H, d), KV = q.shape, keys_t.shape[1]
     lo, hi, S = int(slots.min()), int(slots.max()) + 1, int(lengths.max())
     rows = slots - lo
     in_order = B == hi - lo and bool((rows == np.arange(B)).all())           # every slot lo..hi-1, in order

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import pages, parallel
+from . import pages
 from .attention import causal_attention, decode_attention, pooled_decode_attention, slot_runs
 
 
@@ -178,10 +178,9 @@ class KVPool:
         lengths (attention.slot_runs). Each head's output (B, H, d)."""
         slots, lengths = self.append(members, k, v)                          # (B,) x2
         z = np.empty_like(q)                                                 # (B, H, d)
-        with parallel.blas_alone():   # small products, faster on one OpenBLAS thread (as a decode step's attention)
-            for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
-                z[run] = pooled_decode_attention(q[run], self.keys_t, self.values, slots[run], lengths[run],
-                                                 window, scale, softcap)
+        for run in slot_runs(tuple(slots.tolist()), tuple(lengths.tolist())):
+            z[run] = pooled_decode_attention(q[run], self.keys_t, self.values, slots[run], lengths[run],
+                                             window, scale, softcap)
         return z
 
     def append(self, members: list["PooledKV"], k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
