@@ -54,6 +54,7 @@ def cache_of(rng, KV, d, S, capacity):
     (6, 2, 80, 700, 300),       # a sliding window: keys 400.. only
     (8, 1, 32, 513, 513),       # one KV head for all, a window as long as the cache
     (14, 2, 80, 70, None),      # a head of 64 + 16 outputs, 64 + 6 keys (the last block of 16 runs past them)
+    (4, 1, 216, 300, None),     # 128 + 64 + 16 + 8 outputs, 256 + 44 keys
     (4, 2, 72, 131, 100),       # 64 + 8 outputs, a window starting mid-block
     (9, 3, 64, 1000, 700),      # keys 300..999: two blocks of WIDE, two of KEYS, 60 (the last 16 run past)
 ])
