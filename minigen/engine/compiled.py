@@ -154,18 +154,19 @@ def _decode_attention_split(attend, q, keys_t, values, lo, stop, scale, threads,
 # kernels.JIT marks noalias: LLVM then keeps a block's sums in vector registers across the inner loop
 # (a block of KEYS scores per head across the d rows of K; a chunk of DIMS outputs across a block of values).
 # On Zen 5, one thread, 9 heads of 64 over 1,024 keys (SmolLM2): 99 -> 47 us; 12 of 128 over 4,096: 806 -> 485.
-# A block's loop is written once per width (KEYS or DIMS, then 16) on purpose: a width known when compiling is what
-# lets LLVM keep the block's sums in registers; a width passed in would not.
+# A block's loop is compiled once per width (`_score_blocks`, `_value_chunks`: WIDE, KEYS, 16; WIDE_DIMS, DIMS, 16)
+# on purpose: a width known when compiling is what lets LLVM keep the block's sums in registers; a width passed in
+# would not.
 # The keys' rows (d of them, C apart) are read WIDE keys at a time: a block of 64 read 256 bytes of a row before
 # moving to the next, too little for the hardware's prefetch to follow d rows at once. One thread, 3 heads of 64 over
-# the keys of one KV head (SmolLM2), Zen 5: 4,096 keys 101 -> 48 us, 1,000 keys 23 -> 15, below 300 as before;
+# the keys of one KV head (SmolLM2), Zen 4: 4,096 keys 101 -> 48 us, 1,000 keys 23 -> 15, below 300 as before;
 # 3 heads of 128 (Qwen2.5-1.5B) 4,096 keys 229 -> 126 us; in AVX2 code (scripts/as_cpu.py zen3) 78 -> 49 and 191 -> 154.
 WIDE = 256  # keys a wide block: 16 AVX-512 registers of scores for one head
 KEYS = 64   # keys a block: 4 AVX-512 registers of scores per head
 DIMS = 64   # outputs a chunk of o = p V
 # A chunk of 128 outputs first: a head of 128 then reads each value's row whole in its block's first pass (in two
 # halves, the second half's lines came from memory again in a later pass). 3 heads of 128 over 4,096 values 123 ->
-# 83 us, 6 heads 179 -> 136 (Qwen2.5-1.5B); heads of 64 as before.
+# 83 us, 6 heads 179 -> 136 (Qwen2.5-1.5B; Zen 4); heads of 64 as before.
 WIDE_DIMS = 128
 LANES = 16  # lanes of the running max and sum (a float sum is not reordered otherwise, so not vectorised)
 
@@ -219,43 +220,40 @@ def attend_at(attend, q, keys_t, values, kv, a, b, scale, o, work):
                   data(top), data(total)))
 
 
-@njit(nogil=True, **JIT)
-def _scores(qs, keys_t, a, n, scores):
-    """scores[g, j] = qs[g] · k_(a + j) for j < n, keys_t (d, C): WIDE keys a block, then KEYS, each head's sums
-    of a block in registers across the d rows; the rest 16 at a time, reading keys past n (within the buffer)
-    where the last 16 run over, whose scores nothing reads, else one by one."""
-    G, d = qs.shape
-    wide = n - n % WIDE
-    for j0 in range(0, wide, WIDE):
-        for g in range(G):
-            acc = scores[g, j0:j0 + WIDE]
-            acc[:] = 0
-            for i in range(d):
-                qi = qs[g, i]
-                row = keys_t[i, a + j0:a + j0 + WIDE]
-                for j in range(WIDE):
-                    acc[j] += qi * row[j]
-    whole = n - n % KEYS
-    for j0 in range(wide, whole, KEYS):
-        for g in range(G):
-            acc = scores[g, j0:j0 + KEYS]
-            acc[:] = 0
-            for i in range(d):
-                qi = qs[g, i]
-                row = keys_t[i, a + j0:a + j0 + KEYS]
-                for j in range(KEYS):
-                    acc[j] += qi * row[j]
-    C = keys_t.shape[1]
-    for j0 in range(whole, n, 16):
-        if a + j0 + 16 <= C:
+def _score_blocks(width: int):
+    """The scores of keys j0 .. j1 − 1 (a multiple of `width` apart) in blocks of `width` keys, each head's sums of
+    a block in registers across the d rows: one loop, compiled into `_scores` once per width (a width known
+    when compiling is what lets LLVM keep the block's sums in registers)."""
+    @njit(inline="always", **JIT)
+    def blocks(qs, keys_t, a, j0, j1, scores):
+        G, d = qs.shape
+        for b in range(j0, j1, width):
             for g in range(G):
-                acc = scores[g, j0:j0 + 16]
+                acc = scores[g, b:b + width]
                 acc[:] = 0
                 for i in range(d):
                     qi = qs[g, i]
-                    row = keys_t[i, a + j0:a + j0 + 16]
-                    for j in range(16):
+                    row = keys_t[i, a + b:a + b + width]
+                    for j in range(width):
                         acc[j] += qi * row[j]
+    return blocks
+
+
+_wide_blocks, _key_blocks, _blocks_of_16 = _score_blocks(WIDE), _score_blocks(KEYS), _score_blocks(16)
+
+
+@njit(nogil=True, **JIT)
+def _scores(qs, keys_t, a, n, scores):
+    """scores[g, j] = qs[g] · k_(a + j) for j < n, keys_t (d, C): WIDE keys a block, then KEYS, then 16, reading
+    keys past n (within the buffer) where the last 16 run over, whose scores nothing reads, else one by one."""
+    G, d = qs.shape
+    wide, whole = n - n % WIDE, n - n % KEYS
+    _wide_blocks(qs, keys_t, a, 0, wide, scores)
+    _key_blocks(qs, keys_t, a, wide, whole, scores)
+    C = keys_t.shape[1]
+    for j0 in range(whole, n, 16):
+        if a + j0 + 16 <= C:
+            _blocks_of_16(qs, keys_t, a, j0, j0 + 16, scores)
         else:
             for g in range(G):
                 for j in range(j0, n):
@@ -296,6 +294,26 @@ def _softmax(scores, n, lanes, top, total):
         top[g], total[g] = m, z
 
 
+def _value_chunks(width: int):
+    """Head g's outputs o[g, i0:] in chunks of `width` while whole, each chunk's sums in registers across the values
+    j0 .. j1 − 1: one loop, compiled into `_weighted_values` once per width. Returns where the chunks stopped."""
+    @njit(inline="always", **JIT)
+    def chunks(scores, values, a, j0, j1, g, i0, o):
+        d = o.shape[1]
+        while i0 + width <= d:
+            acc = o[g, i0:i0 + width]
+            for j in range(j0, j1):
+                p, v = scores[g, j], values[a + j, i0:i0 + width]
+                for i in range(width):
+                    acc[i] += p * v[i]
+            i0 += width
+        return i0
+    return chunks
+
+
+_wide_chunks, _dim_chunks, _chunks_of_16 = _value_chunks(WIDE_DIMS), _value_chunks(DIMS), _value_chunks(16)
+
+
 @njit(nogil=True, **JIT)
 def _weighted_values(scores, values, a, n, o):
     """o[g] = sum_(j < n) scores[g, j] · v_(a + j), values (C, d): a block of KEYS values at a time (in L1 for every
@@ -305,28 +323,9 @@ def _weighted_values(scores, values, a, n, o):
     for j0 in range(0, n, KEYS):
         j1 = min(n, j0 + KEYS)
         for g in range(G):
-            i0 = 0
-            while i0 + WIDE_DIMS <= d:
-                acc = o[g, i0:i0 + WIDE_DIMS]
-                for j in range(j0, j1):
-                    p, v = scores[g, j], values[a + j, i0:i0 + WIDE_DIMS]
-                    for i in range(WIDE_DIMS):
-                        acc[i] += p * v[i]
-                i0 += WIDE_DIMS
-            while i0 + DIMS <= d:
-                acc = o[g, i0:i0 + DIMS]
-                for j in range(j0, j1):
-                    p, v = scores[g, j], values[a + j, i0:i0 + DIMS]
-                    for i in range(DIMS):
-                        acc[i] += p * v[i]
-                i0 += DIMS
-            while i0 + 16 <= d:
-                acc = o[g, i0:i0 + 16]
-                for j in range(j0, j1):
-                    p, v = scores[g, j], values[a + j, i0:i0 + 16]
-                    for i in range(16):
-                        acc[i] += p * v[i]
-                i0 += 16
+            i0 = _wide_chunks(scores, values, a, j0, j1, g, 0, o)
+            i0 = _dim_chunks(scores, values, a, j0, j1, g, i0, o)
+            i0 = _chunks_of_16(scores, values, a, j0, j1, g, i0, o)
             for j in range(j0, j1):
                 p = scores[g, j]
                 for i in range(i0, d):
