@@ -290,7 +290,7 @@ def pooled_decode_attention(q: np.ndarray, keys_t: np.ndarray, values: np.ndarra
     numba's threads from two on: each sequence's keys are its own rows of lines, which a thread waits for however
     few the keys (SmolLM2's 9 heads, 16 sequences of 1 / 40 / 150 keys, Zen 4: 47 / 125 / 232 us on one thread,
     26 / 64 / 121 split; 2 sequences of 40 keys 15 / 10; a decode step of one sequence splits past TWIN_SCORES)."""
-    (B, H, d), KV = q.shape, keys_t.shape[1]
+    B, H, d = q.shape
     firsts = np.zeros(B, np.int64) if window is None else np.maximum(0, lengths - window).astype(np.int64)
     if softcap is None and (twin := twins()) is not None:                    # compiled.py, each over its own keys
         out = np.empty((B, H, d), np.float32)
