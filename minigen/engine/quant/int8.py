@@ -22,8 +22,10 @@ holds one output's 4 codes, and `vpdpbusd` adds their products with 4 int8 activ
 memory: 64 multiply-adds per instruction. Codes are unsigned (Q8_0's flipped by 128, Q4_0 and Q5_0 as
 stored, Q2_K's 2 bits, Q5_K's 5 bits, Q6_K's 6 bits, IQ4's values looked up, plus 128) and the offset
 comes out with the row's code sums per 16 inputs (xs): dx·(s·D − offset·s·xs). Q6_K is walked a half
-block (128 inputs) at a time, 3 interleaved byte rows giving 4 inputs of each of its 4 quarters. Up to ROWS rows of activations share the codes made once
-(a batch, a draft, a prompt under matrix.blas_rows() rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
+block (128 inputs) at a time, 3 interleaved byte rows giving 4 inputs of each of its 4 quarters; one row of it
+(a decode step) over all 64 outputs of a tile at once, each byte row read as a whole line (WIDE, _Pass.lines).
+Up to ROWS rows of activations share the codes made once (a batch, a draft, a prompt under matrix.blas_rows()
+rows); one row is a decode step. Without VNNI, on AVX2 (AMD Zen 2 and 3, Intel's
 Haswell to Comet Lake), the sums are llama.cpp's AVX2 pair: vpmaddubsw (byte products summed in pairs
 to int16) then vpmaddwd by ones, exact for codes below 128; Q8_0's signed codes by the sign trick (_Pass.sums: its
 flipped codes, up to 255, would overflow the int16 pairs). Tested with MINIGEN_AVX2=1
@@ -89,8 +91,9 @@ class _Pass:
     n0 ... n0 + nrows − 1 (arguments: blk, u, xq, n0, x0, dx, xs, g0, acc; see _unit): the codes of a weight
     are made once and multiplied by every row."""
 
-    def __init__(self, context, builder, argtypes, args, kind: str, j0, nrows):
+    def __init__(self, context, builder, argtypes, args, kind: str, j0, nrows, wide: bool = False):
         self.b = b = builder
+        self.passes = 1 if wide else TILE // LANES   # passes over a unit's 64 outputs (wide: one, _Pass.lines)
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
@@ -103,7 +106,7 @@ class _Pass:
         self.g0 = args[7]
         self.acc = b.bitcast(arr(8).data, FLOAT.as_pointer())
         # s, o, s2, o2 of the 16 outputs (kernels.ir_scales; Q6_K's units are half blocks: its own, _emit_q6)
-        self.scales = ir_scales(b, kind, self.row, self.u) if kind != "Q6_K" else None
+        self.scales = ir_scales(b, kind, self.row, self.u) if kind != "Q6_K" and not wide else None
 
     def at_row(self, r, stride, i):
         """Element i of activation row n0 + r of an array whose rows are `stride` long."""
@@ -132,6 +135,26 @@ class _Pass:
         b = self.b
         rows = [self.row(r(q) if callable(r) else self.add(r, q)) for q in range(4)]
         return _interleave(b, rows)
+
+    def lines(self, r, half: int):
+        """Byte rows r ... r + 3 (an IR i64) of the block at outputs 8·half + 16k ... + 7 (k = 0 ... 3), each read as one
+        line, interleaved as quad() interleaves 16 outputs' by two rounds of unpacks within 128-bit lanes: chunks
+        m = 2·half, 2·half + 1, <64 x i8> each, chunk m holding output 16k + 4m + i's four bytes at lane 4k + i
+        (i = 0 ... 3; WIDE_AT). Where quad() takes four loads, two inserts and a permute per 16 outputs, these take
+        a load and two unpacks."""
+        b = self.b
+        rows = [self.load(self.base, b.mul(self.add(r, q), self.i64(TILE)), I8, TILE) for q in range(4)]
+        pair = lambda x, y: b.bitcast(b.shuffle_vector(x, y, ir.Constant(_vec(I32, 64), [
+            16 * k + 8 * half + t + 64 * s for k in range(4) for t in range(8) for s in (0, 1)])), _vec(I16, 32))
+        first, second = pair(rows[0], rows[1]), pair(rows[2], rows[3])
+        quad = lambda part: b.bitcast(b.shuffle_vector(first, second, ir.Constant(_vec(I32, 32), [
+            8 * k + 4 * part + t + 32 * s for k in range(4) for t in range(4) for s in (0, 1)])), _vec(I8, 64))
+        return [quad(0), quad(1)]
+
+    def row_wide(self, r, m):
+        """Byte row r of the block at the 16 outputs of a wide pass's chunk m (lines), in its order, <16 x i8>."""
+        v = self.load(self.base, self.b.mul(self.i64(r), self.i64(TILE)), I8, TILE)
+        return self.b.shuffle_vector(v, v, ir.Constant(_vec(I32, 16), [16 * k + 4 * m + i for k in range(4) for i in range(4)]))
 
     def splat(self, value, t, n=LANES):
         return ir_splat(self.b, value, t, n)
@@ -207,14 +230,14 @@ class _Pass:
     def prefetch(self, step, count: int, share=(0, 1)):
         """Step `step` of this pass's loop `share[0]` of `share[1]`, each of `count` steps: its part of the unit's
         share of the block ahead, the share spread over the unit's passes and loops (kernels.ir_prefetch_share)."""
-        passes, (i, n) = TILE // LANES, share
+        passes, (i, n) = self.passes, share
         at = self.b.add(step, self.i64(count * (i + n * (self.j0 // LANES))))
         ir_prefetch_share(self.b, self.base, self.kind, self.u, at, count * n * passes)
 
-    def add_to_outputs(self, r, value):
-        """acc[n0 + r, j0:j0 + 16] += value <16 x float>. acc is a float32 array, aligned to 4 bytes only: a
-        vector's natural alignment (64 bytes) would let LLVM emit aligned moves, which fault on AVX-512."""
-        at = self.at_row(r, self.i64(TILE), self.j0)
+    def add_to_outputs(self, r, value, j0=None):
+        """acc[n0 + r, j0:j0 + 16] += value <16 x float> (j0: the pass's). acc is a float32 array, aligned to 4 bytes
+        only: a vector's natural alignment (64 bytes) would let LLVM emit aligned moves, which fault on AVX-512."""
+        at = self.at_row(r, self.i64(TILE), self.j0 if j0 is None else j0)
         at = self.b.bitcast(self.b.gep(self.acc, [at]), _vec(FLOAT).as_pointer())
         self.b.store(self.b.fadd(self.b.load(at, align=4), value), at, align=4)
 
@@ -317,17 +340,12 @@ def _emit_q6(p: _Pass):
     quarters, per part of a quarter (inputs 0..15, 16..31). acc += sum over q, parts p:
     dx_q·(d·sc_qp)·(D_qp − 32·xs_qp)."""
     b = p.b
-    h = p.u
-    ql, qh = b.mul(h, p.i64(64)), p.add(b.mul(h, p.i64(32)), 128)
-    bits = lambda v, shift, mask: b.and_(b.lshr(v, _bytes(64, shift)), _bytes(64, mask)) if shift else b.and_(v, _bytes(64, mask))
+    ql, qh = _q6_rows(p)
 
     def streams(part, step):
         l = p.add(b.mul(step, p.i64(4)), part)
-        a = b.bitcast(p.quad(b.add(ql, l)), _vec(I8, 64))
-        c = b.bitcast(p.quad(p.add(ql, 32, l)), _vec(I8, 64))
-        hi = b.bitcast(p.quad(b.add(qh, l)), _vec(I8, 64))
-        lows = [bits(a, 0, 15), bits(c, 0, 15), bits(a, 4, 15), bits(c, 4, 15)]
-        return [(b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))), p.add(l, 32 * q)) for q in range(4)]
+        codes = _q6_codes(b, p.quad(b.add(ql, l)), p.quad(p.add(ql, 32, l)), p.quad(b.add(qh, l)))
+        return [(code, p.add(l, 32 * q)) for q, code in enumerate(codes)]
     # one or two rows: their 8 sums each in one loop; more rows: a loop per part, 4 sums a row (8 a row took more
     # registers than AVX-512 has at 4 rows: the sums went to the stack and back every step)
     if p.nrows <= 2:
@@ -335,8 +353,50 @@ def _emit_q6(p: _Pass):
         sums = [[row[:4] for row in both], [row[4:] for row in both]]
     else:
         sums = [p.sums(4, lambda step, part=part: streams(16 * part, step), share=(part, 2)) for part in (0, 1)]
-    d = ir_half(b, p.row(208), p.row(209))
-    scale = lambda q, part: b.fmul(d, b.sitofp(b.sext(p.row(p.add(b.mul(h, p.i64(8)), 192 + 2 * q + part)), _vec(I32)), _vec(FLOAT)))
+    _q6_finish(p, p.row, sums, p.j0)
+
+
+def _emit_q6_wide(p: _Pass):
+    """Q6_K, one row, a wide pass (_Pass.lines): _emit_q6's sums for all 64 outputs, a loop per part of a quarter and
+    half of the outputs (8 sums: 4 quarters of 2 chunks; 16 in one loop went to the stack and back), then its
+    finish for each chunk m of 16 outputs in its order."""
+    b = p.b
+    ql, qh = _q6_rows(p)
+
+    def streams(part, half, step):
+        l = p.add(b.mul(step, p.i64(4)), part)
+        chunks = zip(p.lines(b.add(ql, l), half), p.lines(p.add(ql, 32, l), half), p.lines(b.add(qh, l), half))
+        codes = [_q6_codes(b, *rows) for rows in chunks]                  # [chunk][q]
+        return [(codes[m][q], p.add(l, 32 * q)) for q in range(4) for m in range(2)]
+    sums = {(part, half): p.sums(4, lambda step, part=part, half=half: streams(16 * part, half, step), share=(2 * part + half, 4))[0]
+            for part in (0, 1) for half in (0, 1)}
+    for m in range(4):
+        half, c = divmod(m, 2)
+        chunk = [[sums[part, half][2 * q + c] for q in range(4)] for part in (0, 1)]
+        _q6_finish(p, lambda r, m=m: p.row_wide(r, m), [[chunk[0]], [chunk[1]]], 16 * m)
+
+
+def _q6_rows(p: _Pass):
+    """Unit h's first ql and qh byte rows."""
+    return p.b.mul(p.u, p.i64(64)), p.add(p.b.mul(p.u, p.i64(32)), 128)
+
+
+def _q6_codes(b, a, c, hi) -> list:
+    """The codes of quarters 0 ... 3 (<64 x i8> each, 0 ... 63) from the interleaved ql rows a (l), c (32 + l) and
+    qh rows hi: a quarter's low 4 bits a nibble of a or c, its high 2 bits of hi at bits 2q."""
+    a, c, hi = (b.bitcast(v, _vec(I8, 64)) for v in (a, c, hi))
+    bits = lambda v, shift, mask: b.and_(b.lshr(v, _bytes(64, shift)), _bytes(64, mask)) if shift else b.and_(v, _bytes(64, mask))
+    lows = [bits(a, 0, 15), bits(c, 0, 15), bits(a, 4, 15), bits(c, 4, 15)]
+    return [b.or_(lows[q], b.shl(bits(hi, 2 * q, 3), _bytes(64, 4))) for q in range(4)]
+
+
+def _q6_finish(p: _Pass, row, sums, j0):
+    """acc[:, j0:j0 + 16] += each row's sum over quarters q and parts of dx_q·(d·sc_qp)·(D_qp − 32·xs_qp), from
+    sums[part][r][q] and row(r), the block's byte row r at those 16 outputs (the same operations in the same order
+    for a pass of 16 outputs and a wide pass's chunk: one row's product is the same bits either way)."""
+    b, h = p.b, p.u
+    d = ir_half(b, row(208), row(209))
+    scale = lambda q, part: b.fmul(d, b.sitofp(b.sext(row(p.add(b.mul(h, p.i64(8)), 192 + 2 * q + part)), _vec(I32)), _vec(FLOAT)))
     scales = {(q, part): scale(q, part) for q in range(4) for part in (0, 1)}
     c32 = p.fsplat(ir.Constant(FLOAT, 32.0))
     for r in range(p.nrows):
@@ -348,7 +408,7 @@ def _emit_q6(p: _Pass):
                 inner = term if inner is None else b.fadd(inner, term)
             term = b.fmul(p.dx_of(r, q), inner)
             total = term if total is None else b.fadd(total, term)
-        p.add_to_outputs(r, total)
+        p.add_to_outputs(r, total, j0)
 
 
 def _emit_q8(p: _Pass):
@@ -430,13 +490,18 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # passes, each making the codes again (Zen 3, one thread, 4 rows of 8960 x 1536 Q4_K: 2.94 ms so, 1.69 as one
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
+# one row of these types in wide passes (_Pass.lines: all 64 outputs of a unit at once, VNNI on AVX-512): Q6_K's
+# three interleaved quads a step were most of its time, its one-row product took 2x Q4_K's time a weight (Zen 4)
+WIDE = {10: _emit_q6_wide} if VNNI512 else {}
+# where output j of a tile is in a wide product's sums (lines: chunk m = (j % 16) // 4, lane 4·(j // 16) + j % 4)
+WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE))
 
 
 @intrinsic
 def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block of type `kind` (KINDS' number, a literal: a product is compiled for one type) for
-    rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1, else one): acc[n] (64,) += its
-    share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
+    rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1, else one; 3: one in a wide pass,
+    WIDE, whose acc[n0] holds output j at WIDE_AT[j]): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
     code sums)."""
     for name, arg in (("kind", kind), ("many", many)):
         if not isinstance(arg, types.IntegerLiteral):
@@ -444,6 +509,9 @@ def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
 
     def codegen(context, builder, sig, args):
         number = kind.literal_value
+        if many.literal_value == 3:
+            WIDE[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], 0, 1, wide=True))
+            return context.get_dummy_value()
         nrows = (1, HALF[number], ROWS[number])[many.literal_value]
         for j0 in range(0, TILE, LANES):
             EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows))
@@ -459,6 +527,7 @@ def _work(kind: int, one: bool):
     R, C = TILE_SHAPE[name]
     units, unit_in = UNITS[name], UNIT[name]
     full, half = ROWS[kind], HALF[kind]
+    wide = one and kind in WIDE
 
     def work(tiles_p, n_tiles, n_blocks, xq_p, dx_p, xs_p, k, n_in, y_p, out, t0, t1):
         tiles = carray(tiles_p, (n_tiles, n_blocks, R, C))
@@ -472,7 +541,9 @@ def _work(kind: int, one: bool):
             for b in range(n_blocks):
                 for u in range(units):
                     i0 = unit_in * (units * b + u)
-                    if one:
+                    if wide:
+                        _unit(kind, 3, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
+                    elif one:
                         _unit(kind, 0, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
                     else:
                         for n0 in range(0, in_full, full):
@@ -483,7 +554,7 @@ def _work(kind: int, one: bool):
                             _unit(kind, 0, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
             for n in range(k):
                 for j in range(min(TILE, out - TILE * t)):
-                    y[n, TILE * t + j] = acc[n, j]
+                    y[n, TILE * t + j] = acc[n, WIDE_AT[j]] if wide else acc[n, j]
     return lazy_cfunc(own_name(work, f"times_int8_{name}_{'one' if one else 'more'}"), WORK, EXACT_ORDER)
 
 
