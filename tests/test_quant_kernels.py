@@ -330,6 +330,76 @@ def test_int8_compiled_rounding_equals_the_numpy_rule(kernels):
     assert np.array_equal(cs, q.reshape(3, -1, 16).sum(axis=2))
 
 
+# --- one row in 24 bits: the exact path's decode step on AVX-512 VNNI --------------------------------------
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_one_row_in_24_bits_is_as_exact_as_the_float_kernel(kernels, matrices, name, monkeypatch):
+    """Where the CPU has AVX-512 VNNI, one row of the exact product (a decode step) goes through int8.times_24: x in
+    24 bits per block of 32 as three int8 digit planes, exact integer sums. It equals its float64 twin
+    (int8.reference24) to float32's rounding, and the exact product as closely as the float kernel does (1e-6 of
+    sum_i |x_i w_i|, ten times tighter than assert_product). Elsewhere one row stays in the float kernel."""
+    from minigen.engine.quant import int8
+    m, raw = matrices[name]
+    w = dequantize(raw, name).astype(np.float64)
+    calls = []
+    monkeypatch.setattr(int8, "times_24", lambda m, x, f=int8.times_24: calls.append(len(x)) or f(m, x))
+    rng = np.random.default_rng(24)
+    for x in (rng.standard_normal((1, m.shape[1])).astype(np.float32),
+              rng.standard_normal((1, m.shape[1])).astype(np.float32) * np.float32(1e4) ** rng.uniform(-1, 1, (1, m.shape[1])).astype(np.float32)):
+        y = m.times_kernel(x)
+        scale = np.abs(x).astype(np.float64) @ np.abs(w).T
+        assert (np.abs(y - x.astype(np.float64) @ w.T) <= 1e-6 * scale).all()
+        if int8.VNNI512:
+            assert (np.abs(y - int8.reference24(m, x)) <= 1e-6 * scale).all()
+    assert m.times_kernel(np.ones((2, m.shape[1]), np.float32)).shape == (2, m.shape[0])   # two rows: the float kernel
+    assert calls == ([1, 1] if int8.VNNI512 else [])
+
+
+def test_24_bit_activations_are_three_digits_of_each_block(kernels):
+    """The compiled quantizer of times_24 (int8.quantize24_compiled) rounds as int8.quantize24 (halves away from
+    zero, dx = max|x| / TOP24 per block of 32), never past TOP24, and stores each X as its balanced base-256 digits
+    (int8.digits24), which give X back; its sums per 16 are those of X. A block of zeros is zeros; a NaN makes its
+    block's scale NaN, and the product's outputs NaN, as a float sum's would be."""
+    from minigen.engine.quant import int8
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[0, :32] = 0
+    x[1, 32:64] *= np.float32(1e-30)
+    x[1, 64] = 1e30
+    x[2] = rng.uniform(0.5, 2, 512).astype(np.float32)   # where x · (1/dx) rounds past TOP24 in some blocks
+    X, d = int8.quantize24(x)
+    past = np.abs(np.round(x[2].reshape(-1, 32) * (np.float32(1) / d[2])[:, None])) > int8.TOP24
+    assert past.any() and np.abs(X).max() == int8.TOP24 and (X[0, :32] == 0).all() and d[0, 0] == 0
+    q, cd, cs = int8.quantize24_compiled(x)
+    digits = int8.digits24(X)
+    assert np.array_equal(q.reshape(3, int8.PLANES, 512), digits) and np.array_equal(cd, d)
+    digits = digits.astype(np.int64)
+    assert np.array_equal(digits[:, 0] + 256 * digits[:, 1] + 65536 * digits[:, 2], X)
+    assert np.array_equal(cs, X.reshape(3, -1, 16).sum(axis=2).astype(np.float32))
+    x[1, 70] = np.nan
+    assert np.isnan(int8.quantize24_compiled(x)[1][1, 2]) and not np.isnan(int8.quantize24_compiled(x)[1][1, 1])
+    m = StoredMatrix.quantize(rng.standard_normal((64, 512)).astype(np.float32), "Q4_K")
+    assert np.isnan(m.times_kernel(x[1:2])).all() and np.isfinite(m.times_kernel(x[2:3])).all()
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS"])
+def test_24_bit_sums_hold_the_extreme_codes(kernels, name):
+    """One row's sums in 24 bits where they are largest: every code byte 0xFF, 0x80 or 0x7F, times x of one sign at
+    its block's largest (every digit at +-127) or of alternating signs: each plane's sum stays an exact int32."""
+    from minigen.engine.quant import int8
+    from quant_blocks import F16_FIELDS
+    f = FORMATS[name]
+    for fill in (0xFF, 0x80, 0x7F):
+        blocks = np.full((64, 512 // f.block, f.nbytes), fill, np.uint8)
+        for at in F16_FIELDS[name]:
+            blocks[..., at:at + 2] = np.full(blocks.shape[:2] + (1,), 0.01, np.float16).view(np.uint8)
+        m = StoredMatrix.from_bytes(blocks.reshape(64, -1), name, (64, 512), name=f"test.{name}")
+        w = m.dequantize().astype(np.float64)
+        for x in (np.ones((1, 512), np.float32), -np.ones((1, 512), np.float32), np.tile(np.float32([1, 1, -1, -1]), (1, 128))):
+            scale = np.abs(x) @ np.abs(w).T
+            assert (np.abs(m.times_kernel(x) - x @ w.T) <= 1e-6 * scale).all(), (name, fill, x[0, :4])
+
+
 AVX2_CHECK = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from quant_blocks import random_matrix\n"
               "from minigen.engine.quant import int8, kernels, StoredMatrix\n"
               "assert not int8.VNNI and kernels.LANES == 8\n"
@@ -400,8 +470,9 @@ def test_iq4_lookup_gives_every_code_its_value(kernels, monkeypatch, shuffle):
 
 
 def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_path):
-    """matrix.compiled_before reads numba's index (kernels.in_cache): a type's one-row product is not there until
-    it has been compiled once, then it is (and another type still is not); the same for the int8 product."""
+    """matrix.compiled_before reads numba's index (kernels.in_cache): a type's one-row product (int8.times_24's where
+    the CPU has AVX-512 VNNI) is not there until it has been compiled once, then it is (and another type still is
+    not); the same for the int8 product."""
     import numba
     from minigen.engine.quant import int8, kernels as k
     before = matrix_module.compiled_before
@@ -409,6 +480,7 @@ def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_
     monkeypatch.setattr(k, "WORKS", tuple(tuple(k._work(kind, way) for way in (k.ONE, k.FEW_ROWS, k.MANY, k.VALUES))
                                            for kind in range(len(k.KINDS))))
     monkeypatch.setattr(int8, "WORKS", {kind: (int8._work(kind, True), int8._work(kind, False)) for kind in int8.EMIT})
+    monkeypatch.setattr(int8, "WORKS24", {kind: int8._work(kind, True, int8.PLANES) for kind in int8.WORKS24})
     assert not before(["Q4_0"]) and not before([], ["Q4_0"]) and before([])
     m = StoredMatrix.from_bytes(random_matrix("Q4_0", 64, 256, np.random.default_rng(0)), "Q4_0", (64, 256))
     x = np.ones((1, 256), np.float32)

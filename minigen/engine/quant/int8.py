@@ -77,6 +77,17 @@ SIGNED_CODES = AVX2 and not VNNI    # Q8_0's codes multiplied as signed bytes (_
 # count, Q6_K 1.0-1.47x: loops
 UNROLLED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS"}
 
+# The exact path's one row on AVX-512 VNNI (times_24, which matrix.StoredMatrix takes for a decode step): x in 24
+# bits per block of 32, X = round(x / dx) with dx = max|x| / TOP24, as three balanced base-256 digits (PLANES of
+# int8, X = D0 + 2^8·D1 + 2^16·D2), each multiplied by the codes as int8's are (vpdpbusd), so that a block's sums
+# are exact integers and the only rounding besides float32's own is x's to 24 bits of its block's largest value,
+# which a float32 sum of that block makes anyway. Its error against a float64 product is no larger than the float
+# kernel's (an ad-hoc script, Qwen2.5-1.5B's Q4_K ffn_down, one row: max 5.8e-9 / 5.1e-8 of |x|·|w| against
+# 3.2e-8 / 1.2e-7, without and with outliers in x), and the three dot products a step cost less than converting
+# the codes to floats and their FMAs: Zen 4, the 1.5B's Q4_K matrices one row, 58 -> 46 ms on one thread.
+PLANES = 3
+TOP24 = 127 * (1 + 256 + 65536)   # the largest |X| whose three balanced digits stay within int8 (8,355,711)
+
 
 def _vec(t, n=LANES):
     return ir.VectorType(t, n)
@@ -91,9 +102,10 @@ class _Pass:
     n0 ... n0 + nrows − 1 (arguments: blk, u, xq, n0, x0, dx, xs, g0, acc; see _unit): the codes of a weight
     are made once and multiplied by every row."""
 
-    def __init__(self, context, builder, argtypes, args, kind: str, j0, nrows, wide: bool = False):
+    def __init__(self, context, builder, argtypes, args, kind: str, j0, nrows, wide: bool = False, planes: int = 1):
         self.b = b = builder
         self.passes = 1 if wide else TILE // LANES   # passes over a unit's 64 outputs (wide: one, _Pass.lines)
+        self.planes = planes                         # xq's rows a row of activations (PLANES: its 24-bit digits)
         arr = lambda i: context.make_array(argtypes[i])(context, builder, args[i])
         width = lambda i: cgutils.unpack_tuple(b, arr(i).shape, 2)[1]
         self.base = b.bitcast(arr(0).data, I8.as_pointer())
@@ -159,10 +171,12 @@ class _Pass:
     def splat(self, value, t, n=LANES):
         return ir_splat(self.b, value, t, n)
 
-    def x4(self, r, i, n=8):
-        """xq[n0 + r, x0 + i ... x0 + i + 3], four int8 as one i32, broadcast to <n x i32>."""
+    def x4(self, r, i, n=8, plane: int = 0):
+        """xq[n0 + r, x0 + i ... x0 + i + 3], four int8 as one i32, broadcast to <n x i32> (with PLANES, digit
+        `plane` of those activations: xq's row 3·(n0 + r) + plane)."""
         b = self.b
-        at = self.at_row(r, self.xq_row, self.add(self.x0, i))
+        row = self.add(b.mul(self.add(self.n0, r), self.i64(self.planes)), plane)
+        at = self.add(b.mul(row, self.xq_row), self.x0, i)
         word = b.load(b.bitcast(b.gep(self.xq, [at]), I32.as_pointer()), align=1)
         return self.splat(word, I32, n)
 
@@ -185,24 +199,26 @@ class _Pass:
         b = self.b
         n = len(streams(ir.Constant(I64, 0)))
         rows = range(self.nrows)
-        if VNNI512:   # one <16 x i32> sum per stream and row
+        if VNNI512:   # one <16 x i32> sum per stream, row and digit plane
             fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", (), ir.FunctionType(_vec(I32), [_vec(I32)] * 3))
-            dot = lambda total, codes, i, r: b.call(fn, [total, b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES)])
+            dot = lambda total, codes, i, r, p: b.call(fn, [total, b.bitcast(codes, _vec(I32)), self.x4(r, i, LANES, p)])
+            planes = range(self.planes)
             if self.kind in UNROLLED:   # the steps written out one after another, the sums SSA values
-                sums = [[_const(I32, 0)] * n for _ in rows]
+                sums = [[[_const(I32, 0)] * self.planes for _ in range(n)] for _ in rows]
                 for step in map(self.i64, range(count)):
                     for k, (codes, i) in enumerate(streams(step)):
                         for r in rows:
-                            sums[r][k] = dot(sums[r][k], codes, i, r)
+                            sums[r][k] = [dot(sums[r][k][p], codes, i, r, p) for p in planes]
                     self.prefetch(step, count, share)
-                return [[b.sitofp(v, _vec(FLOAT)) for v in row] for row in sums]
-            acc = [[cgutils.alloca_once_value(b, _const(I32, 0)) for _ in range(n)] for _ in rows]
+                return [[self.planes_float(v) for v in row] for row in sums]
+            acc = [[[cgutils.alloca_once_value(b, _const(I32, 0)) for _ in planes] for _ in range(n)] for _ in rows]
             with cgutils.for_range(b, self.i64(count)) as step:
                 for k, (codes, i) in enumerate(streams(step.index)):
                     for r in rows:
-                        b.store(dot(b.load(acc[r][k]), codes, i, r), acc[r][k])
+                        for p in planes:
+                            b.store(dot(b.load(acc[r][k][p]), codes, i, r, p), acc[r][k][p])
                 self.prefetch(step.index, count, share)
-            return [[b.sitofp(b.load(a), _vec(FLOAT)) for a in row] for row in acc]
+            return [[self.planes_float([b.load(a) for a in sums]) for sums in row] for row in acc]
         # signed (Q8_0 on AVX2, whose flipped codes up to 255 would overflow vpmaddubsw's int16 pairs): llama.cpp's
         # sign trick turned round so that no value leaves a byte, w·x = |w|·(x·sign w), |w| <= 128 unsigned
         # (vpabsb: -128 becomes 128) and x·sign w within -127..127 (vpsignb; 0 where w is 0): a pair's sum
@@ -226,6 +242,16 @@ class _Pass:
                                       sign != "unsigned"), a)
         mask = ir.Constant(_vec(I32, 16), list(range(16)))
         return [[b.sitofp(b.shuffle_vector(b.load(lo), b.load(hi), mask), _vec(FLOAT)) for lo, hi in row] for row in acc]
+
+    def planes_float(self, sums):
+        """A stream's integer sums, one <16 x i32> per digit plane, as one <16 x float>: the sum itself, or with
+        PLANES (2^16·D2 + 2^8·D1) + D0, each D exact in a float (below 2^24) and each product by a power of 2."""
+        b = self.b
+        f = [b.sitofp(v, _vec(FLOAT)) for v in sums]
+        if len(f) == 1:
+            return f[0]
+        return b.fadd(b.fadd(b.fmul(f[2], self.fsplat(ir.Constant(FLOAT, 65536.0))),
+                             b.fmul(f[1], self.fsplat(ir.Constant(FLOAT, 256.0)))), f[0])
 
     def prefetch(self, step, count: int, share=(0, 1)):
         """Step `step` of this pass's loop `share[0]` of `share[1]`, each of `count` steps: its part of the unit's
@@ -501,7 +527,8 @@ WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE
 def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block of type `kind` (KINDS' number, a literal: a product is compiled for one type) for
     rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1, else one; 3: one in a wide pass,
-    WIDE, whose acc[n0] holds output j at WIDE_AT[j]): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
+    WIDE, whose acc[n0] holds output j at WIDE_AT[j]; 4 or 7: one, or one wide, its activations in PLANES digit
+    planes): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
     code sums)."""
     for name, arg in (("kind", kind), ("many", many)):
         if not isinstance(arg, types.IntegerLiteral):
@@ -509,29 +536,32 @@ def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
 
     def codegen(context, builder, sig, args):
         number = kind.literal_value
-        if many.literal_value == 3:
-            WIDE[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], 0, 1, wide=True))
+        planes, shape = (PLANES, many.literal_value - 4) if many.literal_value >= 4 else (1, many.literal_value)
+        if shape == 3:
+            WIDE[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], 0, 1, wide=True, planes=planes))
             return context.get_dummy_value()
-        nrows = (1, HALF[number], ROWS[number])[many.literal_value]
+        nrows = (1, HALF[number], ROWS[number])[shape]
         for j0 in range(0, TILE, LANES):
-            EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows))
+            EMIT[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], j0, nrows, planes=planes))
         return context.get_dummy_value()
     return types.none(kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc), codegen
 
 
-def _work(kind: int, one: bool):
+def _work(kind: int, one: bool, planes: int = 1):
     """A thread's work on tiles t0 ... t1 - 1 of the product for type number `kind` alone, of one row or of any
-    number, with x rounded (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16) float32): an uncompiled C
-    function that kernels.address compiles the first time a model calls it (kernels._work)."""
+    number, with x rounded (_quantize: xq (k, in) int8, dx (k, in / 32), xs (k, in / 16) float32; with planes =
+    PLANES, one row in 24 bits, _quantize24: xq (3, in)): an uncompiled C function that kernels.address compiles
+    the first time a model calls it (kernels._work)."""
     name = NAMES[kind]
     R, C = TILE_SHAPE[name]
     units, unit_in = UNITS[name], UNIT[name]
     full, half = ROWS[kind], HALF[kind]
     wide = one and kind in WIDE
+    first = (3 if wide else 0) + (4 if planes > 1 else 0)   # _unit's `many` for one row
 
     def work(tiles_p, n_tiles, n_blocks, xq_p, dx_p, xs_p, k, n_in, y_p, out, t0, t1):
         tiles = carray(tiles_p, (n_tiles, n_blocks, R, C))
-        xq, y = carray(xq_p, (k, n_in)), carray(y_p, (k, out))
+        xq, y = carray(xq_p, (k * planes, n_in)), carray(y_p, (k, out))
         dx, xs = carray(dx_p, (k, n_in // GROUP)), carray(xs_p, (k, n_in // 16))
         in_full = k - k % full                            # rows 0 .. in_full - 1 go ROWS at a time
         in_half = in_full + (k - in_full) // half * half  # then HALF at a time, then one at a time
@@ -541,10 +571,8 @@ def _work(kind: int, one: bool):
             for b in range(n_blocks):
                 for u in range(units):
                     i0 = unit_in * (units * b + u)
-                    if wide:
-                        _unit(kind, 3, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
-                    elif one:
-                        _unit(kind, 0, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
+                    if one:
+                        _unit(kind, first, tiles[t, b], u, xq, 0, i0, dx, xs, i0 // GROUP, acc)
                     else:
                         for n0 in range(0, in_full, full):
                             _unit(kind, 2, tiles[t, b], u, xq, n0, i0, dx, xs, i0 // GROUP, acc)
@@ -555,22 +583,28 @@ def _work(kind: int, one: bool):
             for n in range(k):
                 for j in range(min(TILE, out - TILE * t)):
                     y[n, TILE * t + j] = acc[n, WIDE_AT[j]] if wide else acc[n, j]
-    return lazy_cfunc(own_name(work, f"times_int8_{name}_{'one' if one else 'more'}"), WORK, EXACT_ORDER)
+    what = "times_int24" if planes > 1 else "times_int8"
+    return lazy_cfunc(own_name(work, f"{what}_{name}_{'one' if one else 'more'}"), WORK, EXACT_ORDER)
 
 
 # what a thread's work is given: the tiles (T, n_blocks, R, C); xq, dx, xs; k, in; y (k, out); its tiles t0 ... t1 - 1
 WORK = types.void(U8_P, INT, INT, types.CPointer(types.int8), F32_P, F32_P, INT, INT, F32_P, INT, INT, INT)
 WORKS = {kind: (_work(kind, True), _work(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any
+WORKS24 = {kind: _work(kind, True, PLANES) for kind in EMIT} if VNNI512 else {}   # one row in 24 bits (times_24)
 
 
 @njit(parallel=True, **EXACT_ORDER)
-def _run(work, parts, tiles, x, y):
-    """y (k, out) = x (k, in) @ W.T, x rounded first, in one compiled call (a call costs microseconds: as much as a
-    small matrix's product): `work` (a _work's address) on `parts` ranges of the tiles, one a thread."""
+def _run(work, parts, tiles, x, y, planes):
+    """y (k, out) = x (k, in) @ W.T, x rounded first (to int8, or with planes = PLANES to 24 bits), in one compiled
+    call (a call costs microseconds: as much as a small matrix's product): `work` (a _work's address) on `parts`
+    ranges of the tiles, one a thread."""
     n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
     k, n_in = x.shape
-    xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
-    _quantize(x, xq, dx, xs)
+    xq, dx, xs = np.empty((k * planes, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+    if planes == PLANES:
+        _quantize24(x, xq, dx, xs)
+    else:
+        _quantize(x, xq, dx, xs)
     parts = max(1, min(parts, n_tiles))
     for p in prange(parts):
         call(work, (data(tiles), n_tiles, n_blocks, data(xq), data(dx), data(xs), k, n_in, data(y), y.shape[1],
@@ -582,23 +616,34 @@ def _quantize(x, xq, dx, xs):
     """quantize_activations into xq (k, in) int8, dx (k, in / 32), xs (k, in / 16), compiled (a NumPy call
     per product cost ~30 us, more than a small matrix's product)."""
     for n in range(x.shape[0]):
-        _quantize_row(x, xq, dx, xs, n)
+        _quantize_row(x, xq, dx, xs, n, 1)
+
+
+@njit(**JIT)
+def _quantize24(x, xq, dx, xs):
+    """quantize24 into xq (3k, in) int8 (row 3n + p: digit p of row n), dx (k, in / 32), xs (k, in / 16)."""
+    for n in range(x.shape[0]):
+        _quantize_row(x, xq, dx, xs, n, PLANES)
 
 
 @intrinsic
-def _quantize_row(typingctx, x, xq, dx, xs, n):
+def _quantize_row(typingctx, x, xq, dx, xs, n, planes):
     """Row n of _quantize as LLVM vector IR, a group of 32 inputs at a time: d = max|x| / 127, each code
     roundf(x · (1/d)) (halves away from zero: floor(|v|), plus one where the rest is >= 0.5, the sign put back),
     the codes' sums per 16. The same numbers as numba's scalar loop of int64 codes, which took 14 us for 8 rows
-    of 1,536 inputs (Zen 5), run once before each product's parallel loop."""
+    of 1,536 inputs (Zen 5), run once before each product's parallel loop. With `planes` (a literal) PLANES,
+    quantize24's: d = max|x| / TOP24, the codes (clamped to TOP24) stored as their three balanced base-256 digits."""
+    if not isinstance(planes, types.IntegerLiteral):
+        raise RequireLiteralValue("planes")
+
     def codegen(context, builder, sig, args):
         b = builder
         arr = lambda i: context.make_array(sig.args[i])(context, builder, args[i])
         n_in = cgutils.unpack_tuple(b, arr(0).shape, 2)[1]
         groups = b.udiv(n_in, ir.Constant(I64, GROUP))
-        row = args[4]
+        row, digits = args[4], planes.literal_value
         ptr = lambda i, t, width: b.gep(b.bitcast(arr(i).data, t.as_pointer()), [b.mul(row, width)])
-        x_p, q_p = ptr(0, FLOAT, n_in), ptr(1, I8, n_in)
+        x_p, q_p = ptr(0, FLOAT, n_in), ptr(1, I8, b.mul(n_in, ir.Constant(I64, digits)))
         d_p, s_p = ptr(2, FLOAT, groups), ptr(3, FLOAT, b.mul(groups, ir.Constant(I64, 2)))
         f32, i32 = _vec(FLOAT, GROUP), _vec(I32, GROUP)
         fn = lambda name, ret, *ts: b.module.declare_intrinsic(name, (), ir.FunctionType(ret, list(ts)))
@@ -612,7 +657,10 @@ def _quantize_row(typingctx, x, xq, dx, xs, n):
             g = loop.index
             at = b.mul(g, ir.Constant(I64, GROUP))
             v = b.load(b.bitcast(b.gep(x_p, [at]), f32.as_pointer()), align=4)
-            d = b.fdiv(b.call(top_of, [b.call(fabs, [v])]), ir.Constant(FLOAT, 127.0))
+            d = b.fdiv(b.call(top_of, [b.call(fabs, [v])]), ir.Constant(FLOAT, 127.0 if digits == 1 else float(TOP24)))
+            if digits > 1:   # a NaN in the block (which fmax passes over): its scale NaN, the outputs NaN as a float sum's
+                nan = b.icmp_unsigned("!=", b.bitcast(b.fcmp_unordered("uno", v, v), ir.IntType(GROUP)), ir.Constant(ir.IntType(GROUP), 0))
+                d = b.select(nan, ir.Constant(FLOAT, float("nan")), d)
             inv = b.select(b.fcmp_ordered("!=", d, zero), b.fdiv(one, d), zero)
             b.store(d, b.gep(d_p, [g]))
             v = b.fmul(v, splat(inv))
@@ -620,12 +668,20 @@ def _quantize_row(typingctx, x, xq, dx, xs, n):
             whole = b.call(floor, [a])
             q = b.fadd(whole, b.select(b.fcmp_ordered(">=", b.fsub(a, whole), splat(half)), splat(one), splat(zero)))
             q = b.fptosi(b.call(copysign, [q, v]), i32)
-            b.store(b.trunc(q, _vec(I8, GROUP)), b.bitcast(b.gep(q_p, [at]), _vec(I8, GROUP).as_pointer()), align=1)
+            c = lambda value: ir.Constant(i32, [value] * GROUP)
+            if digits > 1:   # |q| <= TOP24 (x · (1/d) may round past it), then its digits, low first
+                q = b.select(b.icmp_signed(">", q, c(TOP24)), c(TOP24), b.select(b.icmp_signed("<", q, c(-TOP24)), c(-TOP24), q))
+            rest = q
+            for p in range(digits):
+                digit = b.sub(b.and_(b.add(rest, c(128)), c(255)), c(128)) if p < digits - 1 else rest
+                at_p = b.add(at, b.mul(ir.Constant(I64, p), n_in))
+                b.store(b.trunc(digit, _vec(I8, GROUP)), b.bitcast(b.gep(q_p, [at_p]), _vec(I8, GROUP).as_pointer()), align=1)
+                rest = b.ashr(b.sub(rest, digit), c(8)) if p < digits - 1 else rest
             for h in range(2):
                 part = b.shuffle_vector(q, q, ir.Constant(_vec(I32, 16), list(range(16 * h, 16 * h + 16))))
                 b.store(b.sitofp(b.call(add16, [part]), FLOAT), b.gep(s_p, [b.add(b.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, h))]))
         return context.get_dummy_value()
-    return types.none(x, xq, dx, xs, n), codegen
+    return types.none(x, xq, dx, xs, n, planes), codegen
 
 
 def quantize_activations(x: np.ndarray):
@@ -643,7 +699,15 @@ def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
     32 (m a StoredMatrix of TYPES)."""
     y = np.empty((len(x), m.shape[0]), F32)
-    _run(address(WORKS[KINDS[m.type]][len(x) != 1]), thread_count(), m.tiles, x, y)
+    _run(address(WORKS[KINDS[m.type]][len(x) != 1]), thread_count(), m.tiles, x, y, 1)
+    return y
+
+
+def times_24(m, x: np.ndarray) -> np.ndarray:
+    """x (1, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x in 24 bits per block of 32
+    (quantize24: exact integer sums, float32's precision; m a StoredMatrix of a type in WORKS24)."""
+    y = np.empty((1, m.shape[0]), F32)
+    _run(address(WORKS24[KINDS[m.type]]), thread_count(), m.tiles, x, y, PLANES)
     return y
 
 
@@ -654,6 +718,46 @@ def quantize_compiled(x: np.ndarray):
     xq, dx, xs = np.empty((k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
     _quantize(x, xq, dx, xs)
     return xq, dx, xs
+
+
+def quantize24(x: np.ndarray):
+    """x (k, in) float32 -> X (k, in) int64 (|X| <= TOP24), dx (k, in/32) float32: times_24's activations, X =
+    roundf(x · (1/dx)) with dx = max|x| / TOP24 per block of 32 (NaN where the block holds one), clamped."""
+    blocks = x.reshape(len(x), -1, GROUP)
+    with np.errstate(invalid="ignore"):
+        d = (np.abs(blocks).max(axis=2) / np.float32(TOP24)).astype(np.float32)
+    d[np.isnan(blocks).any(axis=2)] = np.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        q = np.nan_to_num(_round_half_away(blocks * inv[:, :, None]))
+    return np.clip(q, -TOP24, TOP24).astype(np.int64).reshape(x.shape), d
+
+
+def digits24(X: np.ndarray) -> np.ndarray:
+    """X (k, in) -> (k, PLANES, in) int8, its balanced base-256 digits, lowest first: X = D0 + 2^8·D1 + 2^16·D2."""
+    out = []
+    for _ in range(PLANES - 1):
+        digit = (X + 128) % 256 - 128
+        out.append(digit)
+        X = (X - digit) // 256
+    return np.stack(out + [X], axis=1).astype(np.int8)
+
+
+def quantize24_compiled(x: np.ndarray):
+    """The compiled quantizer times_24 uses: xq (PLANES·k, in) int8 (row PLANES·n + p: row n's digit p), dx, xs (the
+    sums of X per 16 inputs)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    k, n_in = x.shape
+    xq, dx, xs = np.empty((PLANES * k, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+    _quantize24(x, xq, dx, xs)
+    return xq, dx, xs
+
+
+def reference24(m, x: np.ndarray) -> np.ndarray:
+    """What times_24 computes, in float64: the 24-bit activations (dx·X) times the exact weights, rounded once."""
+    X, dx = quantize24(np.asarray(x, np.float32))
+    rounded = (X.reshape(len(x), -1, GROUP) * dx[:, :, None].astype(np.float64)).reshape(x.shape)
+    return (rounded @ m.dequantize().astype(np.float64).T).astype(np.float32)
 
 
 def reference(m, x: np.ndarray) -> np.ndarray:

@@ -220,7 +220,10 @@ class StoredMatrix:
                 return self._kernel(x, None, int8)
         if int8:
             return int8_kernels.times_int8(self, x)
-        return kernels.times(kernels.KINDS[self.type], self.tiles, x, self.shape[0])
+        kind = kernels.KINDS[self.type]
+        if len(x) == 1 and kind in int8_kernels.WORKS24:   # a decode step: exact integer sums (int8.times_24)
+            return int8_kernels.times_24(self, x)
+        return kernels.times(kind, self.tiles, x, self.shape[0])
 
     def times_blas(self, x: np.ndarray) -> np.ndarray:
         """CHUNK outputs at a time dequantized to float32 (by the kernels' decoder on this thread where
@@ -439,7 +442,8 @@ def compiled_before(types, int8_types=()) -> bool:
     int8_types: a first forward compiles those it lacks, a few seconds each (kernels.in_cache; where numba's
     index is not laid out as 0.68's, whether the cache holds anything)."""
     kernels, int8 = _compiled()
-    products = ([kernels.WORKS[kernels.KINDS[t]][kernels.ONE] for t in types]
+    one = lambda kind: int8.WORKS24.get(kind) or kernels.WORKS[kind][kernels.ONE]   # the one-row product _kernel takes
+    products = ([one(kernels.KINDS[t]) for t in types]
                 + [int8.WORKS[kernels.KINDS[t]][0] for t in int8_types])
     try:
         return all(kernels.in_cache(fn) for fn in products)
