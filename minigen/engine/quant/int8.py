@@ -1,7 +1,8 @@
 """The product with activations rounded to int8 per block of 32 inputs, and integer dot products:
 llama.cpp's way to multiply by Q4_K, Q5_K, Q6_K, Q8_0, Q4_1 (and Q4_0, Q5_0, Q5_1, Q2_K, IQ4_NL, IQ4_XS)
 weights, offered as an option because it is not exact (the default, kernels.py, multiplies the exact
-float32 values).
+float32 values). The same sums also carry the exact path's one row where the CPU has AVX-512 VNNI, with x
+in 24 bits as three int8 digit planes (times_24, PLANES): exact integer sums, float32's precision.
 
 Each row x (in,) becomes, per block of 32 inputs, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
 quantize_row_q8_0, which its CPU backend applies to activations beside Q4_0/Q4_1/Q8_0 weights, except
