@@ -259,19 +259,25 @@ def test_int8_equals_its_numpy_twin(kernels, matrices, name):
         assert 1e-4 < (np.abs(y - x @ w.T) / scale).max() < 1e-2
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
-def test_int8_sums_hold_the_extreme_codes(kernels, name):
-    """The integer sums where they are largest: every code byte 0xFF, 0x80 or 0x7F (the largest unsigned
-    codes; Q8_0's -1, -128, 127) times activations rounded to +-127 of one sign, or of alternating signs
-    (an int16 pair sum, as AVX2's vpmaddubsw makes, would saturate at 2^15 if a type's codes allowed it)."""
-    from minigen.engine.quant import int8
+def extreme_matrices(name):
+    """(fill, a 64 x 512 matrix of type `name` whose every code byte is `fill`) for fill 0xFF, 0x80, 0x7F: the
+    largest unsigned codes (Q8_0's -1, -128, 127), their float16 scales 0.01."""
     from quant_blocks import F16_FIELDS
     f = FORMATS[name]
     for fill in (0xFF, 0x80, 0x7F):
         blocks = np.full((64, 512 // f.block, f.nbytes), fill, np.uint8)
         for at in F16_FIELDS[name]:
             blocks[..., at:at + 2] = np.full(blocks.shape[:2] + (1,), 0.01, np.float16).view(np.uint8)
-        m = StoredMatrix.from_bytes(blocks.reshape(64, -1), name, (64, 512), name=f"test.{name}")
+        yield fill, StoredMatrix.from_bytes(blocks.reshape(64, -1), name, (64, 512), name=f"test.{name}")
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_int8_sums_hold_the_extreme_codes(kernels, name):
+    """The integer sums where they are largest: every code byte 0xFF, 0x80 or 0x7F (the largest unsigned
+    codes; Q8_0's -1, -128, 127) times activations rounded to +-127 of one sign, or of alternating signs
+    (an int16 pair sum, as AVX2's vpmaddubsw makes, would saturate at 2^15 if a type's codes allowed it)."""
+    from minigen.engine.quant import int8
+    for fill, m in extreme_matrices(name):
         w = m.dequantize()
         for x in (np.ones((1, 512), np.float32), -np.ones((1, 512), np.float32),
                   np.tile(np.float32([1, 1, -1, -1]), (3, 128))):
@@ -386,14 +392,7 @@ def test_24_bit_activations_are_three_digits_of_each_block(kernels):
 def test_24_bit_sums_hold_the_extreme_codes(kernels, name):
     """One row's sums in 24 bits where they are largest: every code byte 0xFF, 0x80 or 0x7F, times x of one sign at
     its block's largest (every digit at +-127) or of alternating signs: each plane's sum stays an exact int32."""
-    from minigen.engine.quant import int8
-    from quant_blocks import F16_FIELDS
-    f = FORMATS[name]
-    for fill in (0xFF, 0x80, 0x7F):
-        blocks = np.full((64, 512 // f.block, f.nbytes), fill, np.uint8)
-        for at in F16_FIELDS[name]:
-            blocks[..., at:at + 2] = np.full(blocks.shape[:2] + (1,), 0.01, np.float16).view(np.uint8)
-        m = StoredMatrix.from_bytes(blocks.reshape(64, -1), name, (64, 512), name=f"test.{name}")
+    for fill, m in extreme_matrices(name):
         w = m.dequantize().astype(np.float64)
         for x in (np.ones((1, 512), np.float32), -np.ones((1, 512), np.float32), np.tile(np.float32([1, 1, -1, -1]), (1, 128))):
             scale = np.abs(x) @ np.abs(w).T
