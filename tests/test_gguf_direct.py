@@ -190,6 +190,20 @@ def test_info_names_the_int8_products(tmp_path):
                                     "--activations", "int8"])
     assert out.exit_code == 0, out.output
     assert "Q8_0 with activations rounded to int8 (--activations int8, not exact)" in out.output
+    assert "24 bits" not in out.output
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_info_names_the_one_row_in_24_bits(monkeypatch, vnni):
+    """Where the CPU has AVX-512 VNNI (matrix.vnni512, as int8.VNNI512 reads it) `minigen info` says that a decode
+    step's product of an int8-able type is integer sums of x in 24 bits; elsewhere it does not."""
+    from click.testing import CliRunner
+    from minigen.cli import main
+    from minigen.engine.quant import matrix
+    monkeypatch.setattr(matrix, "vnni512", lambda: vnni)
+    out = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q8_0"])
+    assert out.exit_code == 0, out.output
+    assert ("one row (a decode step) of Q8_0: exact integer sums of x in 24 bits (AVX-512 VNNI)" in out.output) == vnni
 
 
 def test_int8_activations_batch_equals_each_alone(monkeypatch):

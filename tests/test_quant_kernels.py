@@ -358,7 +358,7 @@ def test_one_row_in_24_bits_is_as_exact_as_the_float_kernel(kernels, matrices, n
         if int8.VNNI512:
             assert (np.abs(y - int8.reference24(m, x)) <= 1e-6 * scale).all()
     assert m.times_kernel(np.ones((2, m.shape[1]), np.float32)).shape == (2, m.shape[0])   # two rows: the float kernel
-    assert calls == ([1, 1] if int8.VNNI512 else [])
+    assert calls == ([1, 1] if int8.VNNI512 else []) and matrix_module.vnni512() == int8.VNNI512   # what info says
 
 
 def test_24_bit_activations_are_three_digits_of_each_block(kernels):

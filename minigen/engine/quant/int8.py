@@ -65,7 +65,7 @@ LANES = 16
 # the integer dot product of 4 unsigned by 4 signed bytes per 32-bit lane in one instruction (vpdpbusd,
 # 256 bits: AVX512-VNNI with VL, or AVX-VNNI): Zen 4 and Intel's AVX-512 CPUs have it; elsewhere the
 # same sums in plain IR (and with MINIGEN_AVX2=1, kernels.py).
-VNNI512 = bool(FEATURES.get("avx512vnni") and FEATURES.get("avx512bw")) and not AVX2_ONLY
+VNNI512 = bool(FEATURES.get("avx512vnni") and FEATURES.get("avx512bw")) and not AVX2_ONLY   # as matrix.vnni512 reads it
 VNNI = VNNI512 or bool(FEATURES.get("avxvnni") or (FEATURES.get("avx512vnni") and FEATURES.get("avx512vl"))) and not AVX2_ONLY
 AVX2 = bool(FEATURES.get("avx2"))   # vpmaddubsw, vpmaddwd on 256 bits (_dot4)
 SIGNED_CODES = AVX2 and not VNNI    # Q8_0's codes multiplied as signed bytes (_Pass.sums)

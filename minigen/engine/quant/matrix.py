@@ -413,6 +413,15 @@ def _padded_inputs(x: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([x, np.zeros((len(x), n - x.shape[1]), np.float32)], axis=1)
 
 
+def vnni512() -> bool:
+    """Whether this CPU has AVX-512 VNNI (with BW) and MINIGEN_AVX2 does not hide it: int8's 512-bit sums, and the
+    exact product's one row in 24 bits (int8.times_24), as int8.VNNI512 says. Read from llvmlite, without loading
+    numba (for `minigen info`)."""
+    from llvmlite import binding
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx512vnni") and features.get("avx512bw")) and os.environ.get("MINIGEN_AVX2", "0").strip() != "1"
+
+
 def blas_rows() -> int:
     """From how many rows `times` goes through float32 chunks and OpenBLAS on this CPU (with the kernels)."""
     return BLAS_ROWS_ZEN if _compiled()[0].ZEN else BLAS_ROWS
