@@ -30,6 +30,7 @@ from .checkpoint.families import FAMILIES
 from .checkpoint.stored import check_activations, check_quantize, quantized, with_int8_activations
 from .checkpoint.weights import load_params
 from .engine.model import Model
+from .engine.quant import warm
 from .engine.parallel import release_free_heap
 from .errors import MinigenError
 from .files import read_json_object, what_is_at
@@ -79,33 +80,38 @@ def load_resolved(resolved: Resolved, dtype: str | None = None, quantize: str | 
     tokenizer = Tokenizer.from_dir(resolved.path)  # before the weights: its parsing peak then adds to nothing
     release_free_heap()  # what the tokenizer's JSON parse left in malloc's heap: ~16 MB for the default model
     if resolved.gguf is not None:
-        model = load_gguf(resolved.gguf, dtype, quantize)
+        model = load_gguf(resolved.gguf, dtype, quantize, int8=bool(activations))
     else:
-        model = load_model(resolved.path, dtype, quantize)
+        model = load_model(resolved.path, dtype, quantize, int8=bool(activations))
     if activations:
         model.params = with_int8_activations(model.params, str(resolved.gguf or resolved.path))
     return model, tokenizer
 
 
-def load_gguf(source: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:
+def load_gguf(source: str | Path, dtype: str | None = None, quantize: str | None = None, int8: bool = False) -> Model:
     """The Model of a GGUF file, its matrices kept in the file's own types (gguf/direct.py); dtype="float32":
-    every tensor dequantized, the values a conversion holds; quantize: the float32 values quantized."""
+    every tensor dequantized, the values a conversion holds; quantize: the float32 values quantized. int8:
+    the model will multiply with int8 activations (their kernels load meanwhile: quant.warm)."""
     quantize = check_quantize(quantize)
     files, plan = gguf_files(Path(source))
-    params = gguf_params(plan, "float32" if quantize else dtype)
+    if quantize:
+        warm([quantize], int8)
+    params = gguf_params(plan, "float32" if quantize else dtype, int8)
     if quantize:
         params = quantized(params, quantize)
     release_free_heap()
     return Model(plan.model_config, params, generation_config(files), Path(source))
 
 
-def load_model(path: str | Path, dtype: str | None = None, quantize: str | None = None) -> Model:
+def load_model(path: str | Path, dtype: str | None = None, quantize: str | None = None, int8: bool = False) -> Model:
     """The Model alone, from a checkpoint directory: config, weights (as stored, or float32 with
-    dtype="float32", or quantized to `quantize` at load), generation config."""
+    dtype="float32", or quantized to `quantize` at load), generation config. int8 as load_gguf's."""
     quantize = check_quantize(quantize)
     path = checkpoint_dir(path)
     cfg = load_config(path)
-    params = load_params(path, cfg, FAMILIES[cfg.model_type], "float32" if quantize else dtype)
+    if quantize:
+        warm([quantize], int8)
+    params = load_params(path, cfg, FAMILIES[cfg.model_type], "float32" if quantize else dtype, int8)
     if quantize:
         params = quantized(params, quantize)
         release_free_heap()   # the float32 matrices the quantized ones replace

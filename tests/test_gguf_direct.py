@@ -174,6 +174,29 @@ def test_int8_activations_through_the_forward_equal_their_numpy_twin(monkeypatch
     assert 1e-5 < err < 5e-2, err
 
 
+def test_a_load_warms_the_kernels_of_the_types_it_keeps(monkeypatch):
+    """A loader hands quant.warm the types it keeps before it reads their bytes (their kernels then load while
+    the tiles are made), with int8 when the model will round its activations: a GGUF run as stored, a 16-bit
+    checkpoint, --quantize; a float32 load warms nothing."""
+    from minigen import resolve
+    from minigen.checkpoint import weights
+    from minigen.gguf import direct
+    calls = []
+    for module in (direct, weights, resolve):
+        monkeypatch.setattr(module, "warm", lambda types, int8=False: calls.append((set(types), int8)))
+    monkeypatch.setattr(direct, "_refuse_types", lambda *a: None)   # (its IQ3_S matrix then stays float32)
+    model, _ = minigen.load(str(GGUF / "quants.gguf"), activations="int8")
+    [(types, int8)] = calls
+    assert int8 and set(stored_types(model.params)) - {"float32"} <= types
+    calls.clear()
+    minigen.load(str(GGUF / "quants.gguf"), dtype="float32")
+    minigen.load(str(FIXTURES_DIR / "llama_bf16"), dtype="float32")
+    assert calls == []
+    minigen.load(str(FIXTURES_DIR / "llama_bf16"))
+    minigen.load(str(FIXTURES_DIR / "llama_bf16"), quantize="Q8_0", activations="int8")
+    assert calls == [({"BF16"}, False), ({"Q8_0"}, True)]
+
+
 def test_int8_activations_refused_where_they_cannot_run(tmp_path):
     with pytest.raises(MinigenError, match=r"--activations int8: .*llama_bf16 keeps no matrix in a type it runs with int8"):
         minigen.load(str(FIXTURES_DIR / "llama_bf16"), activations="int8")

@@ -489,6 +489,41 @@ def test_compiled_before_says_which_types_numba_holds(kernels, monkeypatch, tmp_
     assert before(["Q4_0"], ["Q4_0"])
 
 
+def test_warm_loads_what_numba_holds_and_compiles_nothing(kernels, monkeypatch, tmp_path):
+    """matrix.warm (a loader's helper thread) loads the kernels of its types that numba's cache holds, the int8
+    ones only when asked, and compiles none: with an empty cache it loads nothing; after a first start made the
+    one-row products, a later start's warm loads those (not the two-row and many-row ones, never made)."""
+    import numba
+    from minigen.engine.quant import int8, kernels as k
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+
+    def fresh():   # the works as a new process has them: nothing loaded yet
+        monkeypatch.setattr(k, "WORKS", tuple(tuple(k._work(kind, way) for way in (k.ONE, k.FEW_ROWS, k.MANY, k.VALUES))
+                                              for kind in range(len(k.KINDS))))
+        monkeypatch.setattr(int8, "WORKS", {kind: (int8._work(kind, True), int8._work(kind, False)) for kind in int8.EMIT})
+        monkeypatch.setattr(int8, "WORKS24", {kind: int8._work(kind, True, int8.PLANES) for kind in int8.WORKS24})
+        kind = k.KINDS["Q4_0"]
+        one = int8.WORKS24.get(kind) or k.WORKS[kind][k.ONE]
+        return one, k.WORKS[kind][k.FEW_ROWS], k.WORKS[kind][k.MANY], int8.WORKS[kind][0]
+
+    loaded = lambda fn: fn._wrapper_address is not None   # noqa: E731
+    works = fresh()
+    matrix_module.warm(["Q4_0", "F32"], int8=True).join()
+    assert not any(map(loaded, works))
+    m = StoredMatrix.from_bytes(random_matrix("Q4_0", 64, 256, np.random.default_rng(0)), "Q4_0", (64, 256))
+    m.times_kernel(np.ones((1, 256), np.float32))   # a first start's products: compiled, kept in the cache
+    m.times_int8(np.ones((1, 256), np.float32))
+    one, two, many, int8_one = works = fresh()
+    matrix_module.warm(["Q4_0"]).join()
+    assert loaded(one) and not loaded(two) and not loaded(many) and not loaded(int8_one)
+    works = fresh()
+    matrix_module.warm(["Q4_0"], int8=True).join()
+    assert [loaded(fn) for fn in works] == [True, False, False, True]
+    assert matrix_module.warm(["F32"]) is None and matrix_module.warm([]) is None
+    monkeypatch.setattr(matrix_module, "HAVE_KERNELS", False)
+    assert matrix_module.warm(["Q4_0"]) is None
+
+
 def test_a_product_asked_for_on_two_threads_at_once_compiles_once(kernels, monkeypatch, tmp_path):
     """kernels.address compiles a type's work the first time it is asked for, once, when two threads (a long
     prompt's halves) ask at the same moment."""

@@ -30,7 +30,7 @@ import numpy as np
 from ..engine import parallel
 from ..engine.config import Config
 from ..engine.linear import dense
-from ..engine.quant import StoredMatrix, kernels_on, stack
+from ..engine.quant import StoredMatrix, kernels_on, stack, warm
 from .families import WRAPPERS
 from .fixes import FIXES
 from ..errors import MinigenError, short
@@ -455,16 +455,20 @@ def _parts(cfg: Config, family, key: str, shape: tuple) -> list[tuple[str, tuple
 
 # --- canonical params ---------------------------------------------------------------------------
 
-def load_params(path: Path, cfg: Config, family, dtype: str | None = None) -> dict:
+def load_params(path: Path, cfg: Config, family, dtype: str | None = None, int8: bool = False) -> dict:
     """All weights: {"embed", "lm_head", "final_norm", ..., "layers": [dict, ...]}. float32 arrays, except
     that (dtype None) a matrix or embedding stored in float16 or bfloat16 is kept in its 16 bits, a
     StoredMatrix (KEPT: half the memory, and a decode step reads half the bytes); dtype "float32":
-    every tensor as float32, as before weights were kept stored."""
+    every tensor as float32, as before weights were kept stored. The kept types' kernels load from numba's
+    cache meanwhile (quant.warm; int8 as there)."""
     if dtype not in (None, "float32"):
         raise MinigenError(f"--dtype {dtype}: minigen loads a checkpoint as stored or as float32 (--dtype float32)")
     glob, layers = resolve(cfg, family, index_checkpoint(path), path)
     tied = "lm_head" not in glob   # the embedding doubles as the output projection: one array, laid out as it
     keep = dtype is None and kernels_on()
+    if keep:
+        srcs = [s for k, s in glob.items() if k in KEPT] + [s for ls in layers for k, s in ls.items() if k in KEPT]
+        warm({r.dtype for s in srcs for r in s.refs} & {"F16", "BF16"}, int8)
     params = {k: _load(s, cfg, family, k, k in MATRICES or (tied and k == "embed"), keep) for k, s in glob.items()}
     if tied:
         params["lm_head"] = params["embed"]

@@ -31,16 +31,17 @@ import numpy as np
 from ..checkpoint.families import FAMILIES
 from ..checkpoint.fixes import FIXES
 from ..checkpoint.weights import KEPT, MATRICES, Source, TensorRef, column_major, column_major_for, resolve, scaled
-from ..engine.quant import RUNS, StoredMatrix, StoredRows, kernels_on, refuse_type, stack
+from ..engine.quant import RUNS, StoredMatrix, StoredRows, kernels_on, refuse_type, stack, warm
 from ..errors import MinigenError
 from .convert import Plan, _dequantise, _Tensor, read_rows
 
 ROW_FIXES = {None, "unpermute_q", "unpermute_k", "neox_per_head", "neox_qkv", "gated_q", "dn_qkv", "dn_rows"}
 
 
-def gguf_params(plan: Plan, dtype: str | None = None) -> dict:
+def gguf_params(plan: Plan, dtype: str | None = None, int8: bool = False) -> dict:
     """The params of the GGUF `plan` describes: {"embed", ..., "layers": [...]}, as weights.load_params
-    gives them for the converted checkpoint, with matrices kept as stored (dtype None) or all float32."""
+    gives them for the converted checkpoint, with matrices kept as stored (dtype None) or all float32. The
+    kept types' kernels (with `int8`, their int8 products too) load from numba's cache meanwhile (quant.warm)."""
     if dtype not in (None, "float32"):
         raise MinigenError(f"--dtype {dtype}: minigen runs a GGUF as stored or as float32 (--dtype float32)")
     cfg = plan.model_config
@@ -50,7 +51,9 @@ def gguf_params(plan: Plan, dtype: str | None = None) -> dict:
     glob, layers = resolve(cfg, family, refs, plan.source)
     keep = dtype is None and kernels_on()   # without the kernels: every tensor float32, dequantized once here
     if keep:
-        _refuse_types(plan, [(k, s) for k, s in glob.items()] + [kv for srcs in layers for kv in srcs.items()], by_name)
+        named = [(k, s) for k, s in glob.items()] + [kv for srcs in layers for kv in srcs.items()]
+        _refuse_types(plan, named, by_name)
+        warm({h.qtype.name for h in _kept(named, by_name)}, int8)
     load = lambda key, src: _tensor(plan, family, key, src, [by_name[r.name] for r in src.refs], keep)  # noqa: E731
     params = {k: load(k, s) for k, s in glob.items()}
     if "lm_head" not in glob:
@@ -69,12 +72,17 @@ def _tensor(plan: Plan, family, key: str, src: Source, parts: list[_Tensor], kee
 
 def _refuse_types(plan: Plan, srcs: list, by_name: dict) -> None:
     """Before any tensor is read: a KEPT matrix of a type the kernels do not run is refused, naming it."""
+    for h in _kept(srcs, by_name):
+        if h.qtype.name not in RUNS:
+            e = refuse_type(f"{plan.source}: tensor {h.gguf_name}", h.qtype.name)
+            raise MinigenError(f"{e}; --dtype float32 runs it dequantized to float32")
+
+
+def _kept(srcs: list, by_name: dict):
+    """The GGUF tensors (each half of a joined pair) of the KEPT canonical tensors among srcs [(key, Source)]."""
     for key, src in srcs:
         for t in (by_name[r.name] for r in src.refs) if key in KEPT else ():
-            for h in (t, t.up) if t.up is not None else (t,):
-                if h.qtype.name not in RUNS:
-                    e = refuse_type(f"{plan.source}: tensor {h.gguf_name}", h.qtype.name)
-                    raise MinigenError(f"{e}; --dtype float32 runs it dequantized to float32")
+            yield from (t, t.up) if t.up is not None else (t,)
 
 
 def _keepable(key: str, src: Source, parts: list[_Tensor]) -> bool:

@@ -17,11 +17,11 @@ May import: numpy, numba (optional: without it every product goes through NumPy 
 """
 from . import matrix
 from .formats import FORMATS
-from .matrix import HAVE_KERNELS, RUNS, STORED, StoredMatrix, StoredRows, refuse_type, stack, type_name
+from .matrix import HAVE_KERNELS, RUNS, STORED, StoredMatrix, StoredRows, refuse_type, stack, type_name, warm
 from .quantize import QUANTIZERS
 
 __all__ = ["FORMATS", "HAVE_KERNELS", "QUANTIZERS", "RUNS", "STORED", "StoredMatrix", "StoredRows", "kernels_on",
-           "refuse_type", "stack", "type_name"]
+           "refuse_type", "stack", "type_name", "warm"]
 
 
 def kernels_on() -> bool:

@@ -460,6 +460,42 @@ def compiled_before(types, int8_types=()) -> bool:
         return not kernels.cache_is_new()
 
 
+def warm(types, int8: bool = False) -> threading.Thread | None:
+    """Load the kernels of these types (with `int8`, their int8 products too) from numba's cache on a helper
+    thread while the caller goes on loading: numba's import and each kernel's loading took the first forward pass
+    ~0.35 s for a Q4_K_M file's two types, and a loader's tiles are made meanwhile by NumPy, which lets go of the
+    GIL. Only what the cache holds is loaded: what a first start compiles (seconds a kernel) is left to the first
+    forward pass, which announces it. The thread (None: nothing to load); not a daemon, so that an exit waits
+    for its loading rather than tearing LLVM down under it."""
+    types = [t for t in dict.fromkeys(types) if t in FORMATS and t != "F32"]
+    if not (HAVE_KERNELS and types):
+        return None
+    thread = threading.Thread(target=_warm, args=(types, int8), name="minigen-warm")
+    thread.start()
+    return thread
+
+
+def _warm(types: list[str], int8: bool) -> None:
+    """A product of a tile of zeros of each type for one row, two and many (what a prompt and a decode step
+    take), on this thread alone, where the cache holds its kernel; any failure is left to the real product."""
+    try:
+        kernels, int8_kernels = _compiled()
+        for t in types:
+            kind, f = kernels.KINDS[t], FORMATS[t]
+            m = StoredMatrix.from_bytes(np.zeros(TILE * f.nbytes, np.uint8), t, (TILE, f.block))
+            for k in (1, 2, kernels.FEW + 1):
+                way = kernels.WAYS[k] if k <= kernels.FEW else kernels.MANY
+                work = int8_kernels.WORKS24.get(kind) if k == 1 else None
+                products = [(work or kernels.WORKS[kind][way], m.times_kernel)]
+                if int8 and kind in int8_kernels.WORKS:
+                    products.append((int8_kernels.WORKS[kind][k != 1], m.times_int8))
+                for work, times in products:
+                    if kernels.in_cache(work):
+                        times(np.zeros((k, f.block), np.float32), 1)
+    except Exception:
+        pass
+
+
 def _compiled():
     """(kernels, int8): the numba modules, imported on first use (numba loads with them)."""
     global _modules
