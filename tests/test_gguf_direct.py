@@ -224,9 +224,11 @@ def test_info_names_the_one_row_in_24_bits(monkeypatch, vnni):
     from minigen.cli import main
     from minigen.engine.quant import matrix
     monkeypatch.setattr(matrix, "vnni512", lambda: vnni)
-    out = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q8_0"])
+    out = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q4_0"])
     assert out.exit_code == 0, out.output
-    assert ("one row (a decode step) of Q8_0: exact integer sums of x in 24 bits (AVX-512 VNNI)" in out.output) == vnni
+    assert ("one row (a decode step) of Q4_0: exact integer sums of x in 24 bits (AVX-512 VNNI)" in out.output) == vnni
+    out = CliRunner().invoke(main, ["info", "--model", str(FIXTURES_DIR / "llama_bf16"), "--quantize", "Q8_0"])
+    assert out.exit_code == 0 and "24 bits" not in out.output, out.output   # Q8_0's one row: its float kernel
 
 
 def test_int8_activations_batch_equals_each_alone(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ..engine import quant
-from ..engine.quant.formats import INT8_TYPES
+from ..engine.quant.formats import IN_24_BITS
 from ..errors import ranges
 from .stored import int8_types, stored_types
 from .weights import DTYPE_NAMES, checkpoint_dtypes, index_checkpoint, vision_tensors
@@ -56,7 +56,7 @@ def weight_rows(model) -> list[tuple[str, str]]:
     elif quant.kernels_on():
         path = f"{', '.join(sorted(kept))}: minigen's kernels (numba); float32: OpenBLAS"
         rounded = sorted(int8_types(model.params))
-        in_24 = sorted(kept & set(INT8_TYPES) - set(rounded)) if quant.matrix.vnni512() else []
+        in_24 = sorted(kept & set(IN_24_BITS) - set(rounded)) if quant.matrix.vnni512() else []
         if in_24:
             path += f"; one row (a decode step) of {', '.join(in_24)}: exact integer sums of x in 24 bits (AVX-512 VNNI)"
         if rounded:

@@ -233,6 +233,9 @@ FORMATS = {f.name: f for f in [
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 # the types whose products can round activations to int8 (int8.py, --activations int8)
 INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# the types whose exact one-row product runs as integer sums of x in 24 bits where the CPU has AVX-512 VNNI
+# (int8.times_24): all of INT8_TYPES but Q8_0, whose float kernel reads its bytes faster (int8.WORKS24)
+IN_24_BITS = tuple(t for t in INT8_TYPES if t != "Q8_0")
 
 # GGUF's other types, by number, so that a refusal can name them (ggml.h)
 OTHER_GGML_TYPES = {9: "Q8_1", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",

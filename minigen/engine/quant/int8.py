@@ -51,7 +51,7 @@ from numba.extending import intrinsic
 from .kernels import (AVX2_ONLY, F32, F32_P, FEATURES, GROUP, INT, JIT, KINDS, NAMES, TILE, TILE_SHAPE, U8_P, UNIT, UNITS,
                       address, call, data, ir_half, ir_prefetch_share, ir_scales, ir_splat, ir_table16, lazy_cfunc, own_name,
                       thread_count)
-from .formats import INT8_TYPES, IQ4_VALUES
+from .formats import IN_24_BITS, INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
 TYPES = INT8_TYPES   # what this module multiplies
@@ -447,11 +447,31 @@ def _emit_q8(p: _Pass):
         l = b.mul(step, p.i64(4))
         v = b.bitcast(p.quad(p.add(2, l)), _vec(I8, 64))
         return [(v if SIGNED_CODES else b.xor(v, _bytes(64, -128)), l)]
-    c128 = p.fsplat(ir.Constant(FLOAT, 128.0))
     for r, (total,) in enumerate(p.sums(8, streams, "signed" if SIGNED_CODES else "unsigned")):
-        if not SIGNED_CODES:
-            total = b.fsub(total, b.fmul(c128, b.fadd(p.xsum(r, 0), p.xsum(r, 1))))
-        p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fmul(p.scales[0], total)))
+        _q8_finish(p, r, total, p.scales[0], p.j0)
+
+
+def _emit_q8_wide(p: _Pass):
+    """Q8_0, one row, a wide pass (_Pass.lines; VNNI512, so the codes made unsigned): _emit_q8's sums for all 64
+    outputs, a loop per half of them (2 chunks), then its finish for each chunk m of 16 outputs in its order."""
+    b = p.b
+
+    def streams(half, step):
+        l = b.mul(step, p.i64(4))
+        return [(b.xor(b.bitcast(v, _vec(I8, 64)), _bytes(64, -128)), l) for v in p.lines(p.add(2, l), half)]
+    sums = [p.sums(8, lambda step, half=half: streams(half, step), "unsigned", share=(half, 2))[0] for half in (0, 1)]
+    for m in range(4):
+        scale = ir_scales(b, "Q8_0", lambda r, m=m: p.row_wide(r, m), p.u)[0]
+        _q8_finish(p, 0, sums[m // 2][m % 2], scale, 16 * m)
+
+
+def _q8_finish(p: _Pass, r, total, scale, j0):
+    """acc[n0 + r, j0:j0 + 16] += dx·(d·D) (SIGNED_CODES), or dx·(d·(D − 128·xs)) for the flipped codes; the same
+    operations for a pass of 16 outputs and a wide pass's chunk (one row's product the same bits either way)."""
+    b = p.b
+    if not SIGNED_CODES:
+        total = b.fsub(total, b.fmul(p.fsplat(ir.Constant(FLOAT, 128.0)), b.fadd(p.xsum(r, 0), p.xsum(r, 1))))
+    p.add_to_outputs(r, b.fmul(p.dx_of(r, 0), b.fmul(scale, total)), j0)
 
 
 def _emit_iq4(p: _Pass, xs: bool):
@@ -518,8 +538,9 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 # pass of 4)
 HALF = tuple(r // 2 for r in ROWS)
 # one row of these types in wide passes (_Pass.lines: all 64 outputs of a unit at once, VNNI on AVX-512): Q6_K's
-# three interleaved quads a step were most of its time, its one-row product took 2x Q4_K's time a weight (Zen 4)
-WIDE = {10: _emit_q6_wide} if VNNI512 else {}
+# three interleaved quads a step were most of its time, its one-row product took 2x Q4_K's time a weight (Zen 4);
+# Q8_0's, a byte a weight, took 2x the float kernel's time (the 24-bit row too)
+WIDE = {10: _emit_q6_wide, 7: _emit_q8_wide} if VNNI512 else {}
 # where output j of a tile is in a wide product's sums (lines: chunk m = (j % 16) // 4, lane 4·(j // 16) + j % 4)
 WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE))
 
@@ -591,7 +612,11 @@ def _work(kind: int, one: bool, planes: int = 1):
 # what a thread's work is given: the tiles (T, n_blocks, R, C); xq, dx, xs; k, in; y (k, out); its tiles t0 ... t1 - 1
 WORK = types.void(U8_P, INT, INT, types.CPointer(types.int8), F32_P, F32_P, INT, INT, F32_P, INT, INT, INT)
 WORKS = {kind: (_work(kind, True), _work(kind, False)) for kind in EMIT}   # by KINDS' number: one row, any
-WORKS24 = {kind: _work(kind, True, PLANES) for kind in EMIT} if VNNI512 else {}   # one row in 24 bits (times_24)
+# one row in 24 bits (times_24), for formats.IN_24_BITS: every type int8 runs but Q8_0, a byte a weight, whose float
+# kernel (a widening load, a conversion and an FMA per 16 weights, no interleaving) read 15-17 GB/s on one thread and
+# 18-26 on two where its 24-bit row read 13-15 and 17-23 (Zen 4, eight 8960 x 1536 matrices, runs in turn), in
+# narrow or wide passes alike
+WORKS24 = {kind: _work(kind, True, PLANES) for kind in EMIT if NAMES[kind] in IN_24_BITS} if VNNI512 else {}
 
 
 @njit(parallel=True, **EXACT_ORDER)
