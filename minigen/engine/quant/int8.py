@@ -330,14 +330,44 @@ def _emit_k45(p: _Pass, row_qs: int, fifth: bool):
             bit = lambda at: b.shl(b.and_(b.lshr(qh, p.splat(at, I8, 64)), _bytes(64, 1)), _bytes(64, 4))
             lo, hi = b.or_(lo, bit(g)), b.or_(hi, bit(b.add(g, ir.Constant(I8, 1))))
         return [(lo, l), (hi, b.add(l, p.i64(32)))]
-    sums = p.sums(8, streams)
-    s, o, s2, o2 = p.scales
-    for r, (lo, hi) in enumerate(sums):
-        terms = []
-        for i, (d, sc, off) in enumerate(((lo, s, o), (hi, s2, o2))):
-            xs = b.fadd(p.xsum(r, 2 * i), p.xsum(r, 2 * i + 1))
-            terms.append(b.fmul(p.dx_of(r, i), b.fsub(b.fmul(sc, d), b.fmul(off, xs))))
-        p.add_to_outputs(r, b.fadd(terms[0], terms[1]))
+    for r, (lo, hi) in enumerate(p.sums(8, streams)):
+        _k45_finish(p, r, lo, hi, p.scales, p.j0)
+
+
+def _emit_k45_wide(p: _Pass, row_qs: int, fifth: bool):
+    """Q4_K, Q5_K, one row, a wide pass (_Pass.lines): _emit_k45's sums for all 64 outputs, a loop per half of them
+    (4 sums: 2 chunks of low and high nibbles), then its finish for each chunk m of 16 outputs in its order."""
+    b = p.b
+    rows = p.add(b.mul(p.u, p.i64(32)), row_qs)
+    g = b.trunc(b.mul(p.u, p.i64(2)), I8)
+
+    def streams(half, step):
+        l = b.mul(step, p.i64(4))
+        out = []
+        qhs = p.lines(p.add(20, l), half) if fifth else [None, None]
+        for v, qh in zip(p.lines(b.add(rows, l), half), qhs):
+            lo, hi = _nibbles(b, v)
+            if fifth:
+                qh = b.bitcast(qh, _vec(I8, 64))
+                bit = lambda at: b.shl(b.and_(b.lshr(qh, p.splat(at, I8, 64)), _bytes(64, 1)), _bytes(64, 4))
+                lo, hi = b.or_(lo, bit(g)), b.or_(hi, bit(b.add(g, ir.Constant(I8, 1))))
+            out += [(lo, l), (hi, b.add(l, p.i64(32)))]
+        return out
+    sums = [p.sums(8, lambda step, half=half: streams(half, step), share=(half, 2))[0] for half in (0, 1)]
+    for m in range(4):
+        lo, hi = sums[m // 2][2 * (m % 2)], sums[m // 2][2 * (m % 2) + 1]
+        _k45_finish(p, 0, lo, hi, ir_scales(b, p.kind, lambda r, m=m: p.row_wide(r, m), p.u), 16 * m)
+
+
+def _k45_finish(p: _Pass, r, lo, hi, scales, j0):
+    """acc[n0 + r, j0:j0 + 16] += dx_2c·(s·D_2c − o·xs_2c) + dx_2c+1·(s2·D_2c+1 − o2·xs_2c+1)."""
+    b = p.b
+    s, o, s2, o2 = scales
+    terms = []
+    for i, (d, sc, off) in enumerate(((lo, s, o), (hi, s2, o2))):
+        xs = b.fadd(p.xsum(r, 2 * i), p.xsum(r, 2 * i + 1))
+        terms.append(b.fmul(p.dx_of(r, i), b.fsub(b.fmul(sc, d), b.fmul(off, xs))))
+    p.add_to_outputs(r, b.fadd(terms[0], terms[1]), j0)
 
 
 def _emit_q2(p: _Pass):
@@ -541,6 +571,9 @@ HALF = tuple(r // 2 for r in ROWS)
 # three interleaved quads a step were most of its time, its one-row product took 2x Q4_K's time a weight (Zen 4);
 # Q8_0's, a byte a weight, took 2x the float kernel's time (the 24-bit row too)
 WIDE = {10: _emit_q6_wide, 7: _emit_q8_wide} if VNNI512 else {}
+# and in times_24's (three planes of sums a step): Q4_K's and Q5_K's too. The 1.5B's Q4_K matrices, one row, one
+# thread (Zen 4, in turn): 24-bit 18.1 -> 21.9 GB/s wide; int8's 24.0 -> 21.8, so not there (as in the tenth session)
+WIDE24 = {**WIDE, 8: lambda p: _emit_k45_wide(p, 20, False), 9: lambda p: _emit_k45_wide(p, 52, True)} if VNNI512 else {}
 # where output j of a tile is in a wide product's sums (lines: chunk m = (j % 16) // 4, lane 4·(j // 16) + j % 4)
 WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE))
 
@@ -549,8 +582,8 @@ WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE
 def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
     """Unit u of a tile block of type `kind` (KINDS' number, a literal: a product is compiled for one type) for
     rows n0 ... (ROWS[kind] of them if `many`, a literal, is 2, HALF[kind] if 1, else one; 3: one in a wide pass,
-    WIDE, whose acc[n0] holds output j at WIDE_AT[j]; 4 or 7: one, or one wide, its activations in PLANES digit
-    planes): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
+    WIDE, whose acc[n0] holds output j at WIDE_AT[j]; 4 or 7: one, or one wide (WIDE24), its activations in PLANES
+    digit planes): acc[n] (64,) += its share of x[n] @ W.T. g0: the unit's first group of 32 inputs in dx, xs (the rows' activation scales and
     code sums)."""
     for name, arg in (("kind", kind), ("many", many)):
         if not isinstance(arg, types.IntegerLiteral):
@@ -560,7 +593,8 @@ def _unit(typingctx, kind, many, blk, u, xq, n0, x0, dx, xs, g0, acc):
         number = kind.literal_value
         planes, shape = (PLANES, many.literal_value - 4) if many.literal_value >= 4 else (1, many.literal_value)
         if shape == 3:
-            WIDE[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], 0, 1, wide=True, planes=planes))
+            (WIDE24 if planes > 1 else WIDE)[number](_Pass(context, builder, sig.args[2:], args[2:], NAMES[number], 0, 1,
+                                                           wide=True, planes=planes))
             return context.get_dummy_value()
         nrows = (1, HALF[number], ROWS[number])[shape]
         for j0 in range(0, TILE, LANES):
@@ -578,7 +612,7 @@ def _work(kind: int, one: bool, planes: int = 1):
     R, C = TILE_SHAPE[name]
     units, unit_in = UNITS[name], UNIT[name]
     full, half = ROWS[kind], HALF[kind]
-    wide = one and kind in WIDE
+    wide = one and kind in (WIDE24 if planes > 1 else WIDE)
     first = (3 if wide else 0) + (4 if planes > 1 else 0)   # _unit's `many` for one row
 
     def work(tiles_p, n_tiles, n_blocks, xq_p, dx_p, xs_p, k, n_in, y_p, out, t0, t1):
