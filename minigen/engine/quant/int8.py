@@ -569,10 +569,11 @@ ROWS = tuple(4 if kind == 10 else 8 for kind in range(len(KINDS)))
 HALF = tuple(r // 2 for r in ROWS)
 # one row of these types in wide passes (_Pass.lines: all 64 outputs of a unit at once, VNNI on AVX-512): Q6_K's
 # three interleaved quads a step were most of its time, its one-row product took 2x Q4_K's time a weight (Zen 4);
-# Q8_0's, a byte a weight, took 2x the float kernel's time (the 24-bit row too)
+# Q8_0's, a byte a weight, twice Q4's interleaving a weight: one thread 11.3-11.8 -> 13.1-14.3 GB/s wide
 WIDE = {10: _emit_q6_wide, 7: _emit_q8_wide} if VNNI512 else {}
-# and in times_24's (three planes of sums a step): Q4_K's and Q5_K's too. The 1.5B's Q4_K matrices, one row, one
-# thread (Zen 4, in turn): 24-bit 18.1 -> 21.9 GB/s wide; int8's 24.0 -> 21.8, so not there (as in the tenth session)
+# and in times_24's (three planes of sums a step): Q4_K's and Q5_K's too. The 1.5B's Q4_K matrices, one row, both
+# forms in one process taking turns (Zen 4): one thread 17.3-17.9 -> 18.8-19.9 GB/s, two 26.8-28.4 -> 28.2-29.8;
+# int8's row in wide passes was slower (24.0 -> 21.8 in turn), as in the tenth session: not there
 WIDE24 = {**WIDE, 8: lambda p: _emit_k45_wide(p, 20, False), 9: lambda p: _emit_k45_wide(p, 52, True)} if VNNI512 else {}
 # where output j of a tile is in a wide product's sums (lines: chunk m = (j % 16) // 4, lane 4·(j // 16) + j % 4)
 WIDE_AT = tuple(16 * ((j % 16) // 4) + 4 * (j // 16) + j % 4 for j in range(TILE))
