@@ -556,9 +556,42 @@ def test_each_compiled_product_keeps_a_cache_of_its_own(kernels):
     index: closures sharing one index had two processes compiling at once cross their entries, and a later start
     run one type's code for another's (as a Zen 3: 34 failures, 'NRT_adapt_ndarray_to_python: descr is NULL')."""
     from minigen.engine.quant import int8, kernels as k
-    fns = [f for ways in k.WORKS for f in ways] + [f for pair in int8.WORKS.values() for f in pair] + [k._run, int8._run]
+    fns = ([f for ways in k.WORKS for f in ways] + [f for pair in int8.WORKS.values() for f in pair]
+           + [k._run, int8._run, k._run_alone, int8._run_alone])
     paths = {f._cache._cache_file._index_path for f in fns}
-    assert len(fns) == 4 * 16 + 2 * len(int8.EMIT) + 2 and len(paths) == len(fns)
+    assert len(fns) == 4 * 16 + 2 * len(int8.EMIT) + 4 and len(paths) == len(fns)
+
+
+ONE_THREAD_BESIDE_TWO = """
+import threading, numpy as np, numba
+from minigen.engine.quant.matrix import StoredMatrix
+m = StoredMatrix.quantize(np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32), "Q4_0")
+x1, x8 = np.ones((1, 256), np.float32), np.ones((8, 256), np.float32)
+m.times(x1)
+print(numba.threading_layer(), flush=True)
+def alone():
+    for _ in range(300):
+        m.times(x1, 1), m.times(x8, 1), m.times_int8(x1, 1), m.dequantize_fast(threads=1)
+t = threading.Thread(target=alone)
+t.start()
+for _ in range(300):
+    m.times(x1), m.times(x8)
+t.join()
+print("done")
+"""
+
+
+def test_one_thread_products_stay_out_of_numbas_threading_layer(kernels):
+    """A product on one thread runs outside numba's threading layer (kernels._run_alone, int8._run_alone). Where
+    libgomp is missing that layer is numba's workqueue, which aborts the process when two threads start parallel
+    loops at once, as a long prompt's halves (parallel.in_threads) and quant.warm beside a first forward pass
+    would. Under the workqueue: one-thread products (one row, 8 rows, int8, the values) on a thread of their own
+    beside the main thread's two-thread ones."""
+    import os
+    import subprocess
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    r = subprocess.run([sys.executable, "-c", ONE_THREAD_BESIDE_TWO], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["workqueue", "done"], (r.stdout, r.stderr[-3000:])
 
 
 def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):

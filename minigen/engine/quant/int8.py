@@ -49,8 +49,8 @@ from numba.core.errors import RequireLiteralValue
 from numba.extending import intrinsic
 
 from .kernels import (AVX2_ONLY, F32, F32_P, FEATURES, GROUP, INT, JIT, KINDS, NAMES, TILE, TILE_SHAPE, U8_P, UNIT, UNITS,
-                      address, call, data, ir_half, ir_prefetch_share, ir_scales, ir_splat, ir_table16, lazy_cfunc, own_name,
-                      thread_count)
+                      address, call, data, ir_half, ir_prefetch_share, ir_scales, ir_splat, ir_table16, launch, lazy_cfunc,
+                      own_name)
 from .formats import IN_24_BITS, INT8_TYPES, IQ4_VALUES
 from .quantize import _round_half_away
 
@@ -654,22 +654,24 @@ WORKS = {kind: (_work(kind, True), _work(kind, False)) for kind in EMIT}   # by 
 WORKS24 = {kind: _work(kind, True, PLANES) for kind in EMIT if NAMES[kind] in IN_24_BITS} if VNNI512 else {}
 
 
-@njit(parallel=True, **EXACT_ORDER)
-def _run(work, parts, tiles, x, y, planes):
-    """y (k, out) = x (k, in) @ W.T, x rounded first (to int8, or with planes = PLANES to 24 bits), in one compiled
-    call (a call costs microseconds: as much as a small matrix's product): `work` (a _work's address) on `parts`
-    ranges of the tiles, one a thread."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    k, n_in = x.shape
-    xq, dx, xs = np.empty((k * planes, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
-    if planes == PLANES:
-        _quantize24(x, xq, dx, xs)
-    else:
-        _quantize(x, xq, dx, xs)
-    parts = max(1, min(parts, n_tiles))
-    for p in prange(parts):
-        call(work, (data(tiles), n_tiles, n_blocks, data(xq), data(dx), data(xs), k, n_in, data(y), y.shape[1],
-                    p * n_tiles // parts, (p + 1) * n_tiles // parts))
+def _runner(parallel: bool):
+    """_run, or _run_alone on the calling thread outside numba's threading layer (as kernels._runner's)."""
+    def run(work, parts, tiles, x, y, planes):
+        """y (k, out) = x (k, in) @ W.T, x rounded first (to int8, or with planes = PLANES to 24 bits), in one compiled
+        call (a call costs microseconds: as much as a small matrix's product): `work` (a _work's address) on `parts`
+        ranges of the tiles, one a thread."""
+        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+        k, n_in = x.shape
+        xq, dx, xs = np.empty((k * planes, n_in), np.int8), np.empty((k, n_in // GROUP), F32), np.empty((k, n_in // 16), F32)
+        if planes == PLANES:
+            _quantize24(x, xq, dx, xs)
+        else:
+            _quantize(x, xq, dx, xs)
+        parts = max(1, min(parts, n_tiles))
+        for p in prange(parts):
+            call(work, (data(tiles), n_tiles, n_blocks, data(xq), data(dx), data(xs), k, n_in, data(y), y.shape[1],
+                        p * n_tiles // parts, (p + 1) * n_tiles // parts))
+    return njit(parallel=parallel, **EXACT_ORDER)(own_name(run, "_run" if parallel else "_run_alone"))
 
 
 @njit(**JIT)
@@ -745,6 +747,9 @@ def _quantize_row(typingctx, x, xq, dx, xs, n, planes):
     return types.none(x, xq, dx, xs, n, planes), codegen
 
 
+_run, _run_alone = _runner(True), _runner(False)
+
+
 def quantize_activations(x: np.ndarray):
     """x (k, in) float32 -> xq (k, in) int16 (values in -127..127), dx (k, in/32) float32, xs (k, in/32)
     float32 (each block's code sum): llama.cpp's quantize_row_q8_0 (roundf of x · (1/d), d = max|x|/127)."""
@@ -760,7 +765,7 @@ def times_int8(m, x: np.ndarray) -> np.ndarray:
     """x (N, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x rounded to int8 per block of
     32 (m a StoredMatrix of TYPES)."""
     y = np.empty((len(x), m.shape[0]), F32)
-    _run(address(WORKS[KINDS[m.type]][len(x) != 1]), thread_count(), m.tiles, x, y, 1)
+    launch(_run, _run_alone, address(WORKS[KINDS[m.type]][len(x) != 1]), m.tiles, x, y, 1)
     return y
 
 
@@ -768,7 +773,7 @@ def times_24(m, x: np.ndarray) -> np.ndarray:
     """x (1, in) float32, C-contiguous, padded to the tiles' inputs, @ m.T with x in 24 bits per block of 32
     (quantize24: exact integer sums, float32's precision; m a StoredMatrix of a type in WORKS24)."""
     y = np.empty((1, m.shape[0]), F32)
-    _run(address(WORKS24[KINDS[m.type]]), thread_count(), m.tiles, x, y, PLANES)
+    launch(_run, _run_alone, address(WORKS24[KINDS[m.type]]), m.tiles, x, y, PLANES)
     return y
 
 

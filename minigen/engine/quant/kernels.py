@@ -927,17 +927,32 @@ def call(typingctx, address, args):
     return types.none(address, args), codegen
 
 
-@njit(parallel=True, **JIT)
-def _run(work, parts, tiles, x, last, y):
-    """y (k, out) = x (k, in) @ W.T for W in tiles, by `work` (a _work's address) on `parts` ranges of the tiles, one
-    a thread; with no rows in x, y (in, T·64) = W.T (VALUES). x and y C-contiguous."""
-    n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
-    k, n_in = x.shape
-    xs = sums16(x[last]) if last >= 0 else np.zeros(n_in // 16, F32)
-    parts = max(1, min(parts, n_tiles))
-    for p in prange(parts):
-        call(work, (data(tiles), n_tiles, n_blocks, data(x), k, n_in, data(xs), last, data(y), y.shape[1],
-                    p * n_tiles // parts, (p + 1) * n_tiles // parts))
+def _runner(parallel: bool):
+    """_run (a parallel loop on numba's threads) or _run_alone (the same loop compiled without parallel: one range
+    on the calling thread, outside numba's threading layer; what a product on one thread takes). Where libgomp is
+    missing numba's layer is its workqueue, which aborts the process when two threads start parallel loops at once:
+    a long prompt's halves (parallel.in_threads) and quant.warm beside a first forward pass run one-thread products
+    on threads of their own."""
+    def run(work, parts, tiles, x, last, y):
+        """y (k, out) = x (k, in) @ W.T for W in tiles, by `work` (a _work's address) on `parts` ranges of the tiles,
+        one a thread; with no rows in x, y (in, T·64) = W.T (VALUES). x and y C-contiguous."""
+        n_tiles, n_blocks = tiles.shape[0], tiles.shape[1]
+        k, n_in = x.shape
+        xs = sums16(x[last]) if last >= 0 else np.zeros(n_in // 16, F32)
+        parts = max(1, min(parts, n_tiles))
+        for p in prange(parts):
+            call(work, (data(tiles), n_tiles, n_blocks, data(x), k, n_in, data(xs), last, data(y), y.shape[1],
+                        p * n_tiles // parts, (p + 1) * n_tiles // parts))
+    return njit(parallel=parallel, **JIT)(own_name(run, "_run" if parallel else "_run_alone"))
+
+
+_run, _run_alone = _runner(True), _runner(False)
+
+
+def launch(run, run_alone, work, *args):
+    """run(work, parts, *args) on this thread's count of numba's threads, or run_alone where that is one."""
+    parts = thread_count()
+    (run if parts > 1 else run_alone)(work, parts, *args)
 
 
 WORKS = tuple(tuple(_work(kind, way) for way in (ONE, FEW_ROWS, MANY, VALUES)) for kind in range(len(KINDS)))   # [kind][way]
@@ -950,7 +965,7 @@ def times(kind: int, tiles, x, out: int):
     k = x.shape[0]
     way = WAYS[k] if k <= FEW else MANY
     y = np.empty((k, out), F32)
-    _run(address(WORKS[kind][way]), thread_count(), tiles, x, k - 1 if way != MANY and k % 2 == 1 else -1, y)
+    launch(_run, _run_alone, address(WORKS[kind][way]), tiles, x, k - 1 if way != MANY and k % 2 == 1 else -1, y)
     return y
 
 
@@ -961,7 +976,7 @@ def dequantize(kind: int, tiles, out_t):
     n_in = tiles.shape[1] * UNITS[NAMES[kind]] * UNIT[NAMES[kind]]
     if not out_t.flags.c_contiguous or out_t.shape != (n_in, tiles.shape[0] * TILE):
         raise ValueError(f"dequantize: out_t {out_t.shape} is not a C-contiguous W.T of these tiles")
-    _run(address(WORKS[kind][VALUES]), thread_count(), tiles, np.zeros((0, out_t.shape[0]), F32), -1, out_t)
+    launch(_run, _run_alone, address(WORKS[kind][VALUES]), tiles, np.zeros((0, out_t.shape[0]), F32), -1, out_t)
 
 
 def in_cache(fn) -> bool:
