@@ -568,7 +568,8 @@ from minigen.engine.quant.matrix import StoredMatrix
 m = StoredMatrix.quantize(np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32), "Q4_0")
 x1, x8 = np.ones((1, 256), np.float32), np.ones((8, 256), np.float32)
 m.times(x1)
-print(numba.threading_layer(), flush=True)
+from minigen.engine.quant import kernels
+print(numba.threading_layer(), kernels.slow_starts(), flush=True)
 def alone():
     for _ in range(300):
         m.times(x1, 1), m.times(x8, 1), m.times_int8(x1, 1), m.dequantize_fast(threads=1)
@@ -591,7 +592,31 @@ def test_one_thread_products_stay_out_of_numbas_threading_layer(kernels):
     import subprocess
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
     r = subprocess.run([sys.executable, "-c", ONE_THREAD_BESIDE_TWO], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0 and r.stdout.split() == ["workqueue", "done"], (r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0 and r.stdout.split() == ["workqueue", "True", "done"], (r.stdout, r.stderr[-3000:])
+
+
+def test_where_loops_start_slowly_small_products_keep_to_one_thread(kernels, monkeypatch):
+    """Where numba's parallel loops start slowly (its workqueue: kernels.slow_starts), a product of fewer than
+    SLOW_START_BYTES of tiles runs on the calling thread (_run_alone) and a larger one on numba's threads; where they
+    start fast (OpenMP), both run on the threads."""
+    import numba
+    from minigen.engine.quant import kernels as k
+    calls = []
+    monkeypatch.setattr(k, "_run", lambda *a, f=k._run: calls.append("threads") or f(*a))
+    monkeypatch.setattr(k, "_run_alone", lambda *a, f=k._run_alone: calls.append("alone") or f(*a))
+    rng = np.random.default_rng(4)
+    small = StoredMatrix.from_bytes(random_matrix("Q4_0", 64, 256, rng), "Q4_0", (64, 256))
+    big = StoredMatrix.from_bytes(random_matrix("Q4_0", 4096, 2048, rng), "Q4_0", (4096, 2048))
+    assert small.nbytes < k.SLOW_START_BYTES <= big.nbytes
+    split = "threads" if numba.config.NUMBA_NUM_THREADS > 1 else "alone"
+    with k.threads(2):
+        for slow in (False, True):
+            monkeypatch.setattr(k, "_slow_starts", slow)
+            calls.clear()
+            for m in (small, big):
+                x = np.ones((2, m.shape[1]), np.float32)
+                assert_product(m.times_kernel(x), x, m.dequantize())
+            assert calls == (["alone", split] if slow else [split, split])
 
 
 def test_kernels_cache_follows_every_kernel_source(kernels, tmp_path):

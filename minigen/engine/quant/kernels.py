@@ -949,10 +949,35 @@ def _runner(parallel: bool):
 _run, _run_alone = _runner(True), _runner(False)
 
 
-def launch(run, run_alone, work, *args):
-    """run(work, parts, *args) on this thread's count of numba's threads, or run_alone where that is one."""
+def launch(run, run_alone, work, tiles, *args):
+    """run(work, parts, tiles, *args) on this thread's count of numba's threads, or run_alone where that is one, or
+    where numba's parallel loops start slowly (its workqueue, `slow_starts`) and the tiles are fewer than
+    SLOW_START_BYTES."""
     parts = thread_count()
-    (run if parts > 1 else run_alone)(work, parts, *args)
+    if parts > 1 and (tiles.nbytes >= SLOW_START_BYTES or not _slow_starts):
+        run(work, parts, tiles, *args)
+        if _slow_starts is None:
+            slow_starts()
+    else:
+        run_alone(work, parts, tiles, *args)
+
+
+# Where libgomp is missing, numba's parallel loops run on its workqueue, whose start cost ~50 us a loop here (OpenMP's
+# ~3): the default model decoded 44 tok/s on two threads so against 102 on one. Two threads pay from a few MB of
+# weights on (one thread reads ~20 GB/s: 2 MB take ~100 us).
+SLOW_START_BYTES = 4 << 20
+_slow_starts: bool | None = None   # None until a parallel loop has run: numba names its layer only then
+
+
+def slow_starts() -> bool:
+    """Whether numba's parallel loops run on its workqueue (known once one has run; False before)."""
+    global _slow_starts
+    if _slow_starts is None:
+        try:
+            _slow_starts = numba.threading_layer() == "workqueue"
+        except ValueError:   # no parallel loop has run yet
+            return False
+    return _slow_starts
 
 
 WORKS = tuple(tuple(_work(kind, way) for way in (ONE, FEW_ROWS, MANY, VALUES)) for kind in range(len(KINDS)))   # [kind][way]
